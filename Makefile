@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both install what is
+# missing (Debian packages), configure and build first.
+BUILD     ?= build
+JOBS      ?= $(shell nproc)
+CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps configure build run test fuzz clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS) > $(BUILD).configure.log 2>&1 || \
+	  (cat $(BUILD).configure.log; exit 1)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Until the demo model exists: write a small random DSV4 checkpoint with `keel synth`
+# and read it back, validating every tensor against the config.
+run: build
+	$(BUILD)/keel synth --shape tiny --out $(BUILD)/models/tiny-random --seed 1
+	$(BUILD)/keel inspect --model $(BUILD)/models/tiny-random
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer over the parsers, FUZZ_SECONDS each, with ASan/UBSan (clang build).
+fuzz: deps
+	@cmake -S . -B $(BUILD)-fuzz -G Ninja -DKEEL_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo > $(BUILD)-fuzz.configure.log 2>&1 || \
+	  (cat $(BUILD)-fuzz.configure.log; exit 1)
+	cmake --build $(BUILD)-fuzz -j $(JOBS)
+	@for f in $(BUILD)-fuzz/fuzz_*; do \
+	  name=$$(basename $$f); mkdir -p $(BUILD)-fuzz/corpus/$$name; \
+	  echo "== $$name ($(FUZZ_SECONDS) s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	      $(BUILD)-fuzz/corpus/$$name fuzz/corpus/$$name || exit 1; \
+	done
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-fuzz $(BUILD).configure.log $(BUILD)-fuzz.configure.log

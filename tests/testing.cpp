@@ -1,0 +1,55 @@
+#include "testing.h"
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <unistd.h>
+
+namespace keel::testing {
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  path_ = std::filesystem::path(KEEL_BINARY_DIR) / "test-tmp" /
+          (tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void write_file(const std::string& path, std::span<const std::byte> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  write_file(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+std::vector<std::byte> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  std::memcpy(bytes.data(), chars.data(), chars.size());
+  return bytes;
+}
+
+std::vector<float> random_normal(size_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do x = dist(rng);
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+}  // namespace keel::testing

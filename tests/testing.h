@@ -1,0 +1,49 @@
+// Helpers shared by the test binaries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace keel::testing {
+
+// A fresh, empty directory under the build tree, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag);
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_file(const std::string& path, std::span<const std::byte> bytes);
+void write_file(const std::string& path, const std::string& text);
+std::vector<std::byte> read_file(const std::string& path);
+
+// Random floats from N(0, 1) that are never exactly zero.
+std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f);
+
+}  // namespace keel::testing
+
+// Runs `statement`, expects a keel::Error with `expected_code`, and returns its message
+// so the caller can check what it names.
+#define KEEL_EXPECT_ERROR(statement, expected_code)                                  \
+  [&]() -> std::string {                                                              \
+    try {                                                                             \
+      statement;                                                                      \
+    } catch (const ::keel::Error& e) {                                                \
+      EXPECT_EQ(::keel::name(e.code()), ::keel::name(expected_code)) << e.what();     \
+      return e.what();                                                                \
+    }                                                                                 \
+    ADD_FAILURE() << "expected keel::Error " << ::keel::name(expected_code);          \
+    return {};                                                                        \
+  }()
