@@ -1,2 +1,25 @@
 #include <cstdio>
-int main() { std::puts("keel"); return 0; }
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel: an inference engine for DeepSeek-V4-class models"};
+  app.set_version_flag("--version", "keel 0.1.0");
+  app.require_subcommand(1);
+  keel::cli::add_synth(app);
+  keel::cli::add_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const keel::Error& e) {
+    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

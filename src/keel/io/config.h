@@ -9,7 +9,9 @@
 //                  rope_parameters {"main": {...}, "compress": {...}}
 // Every field is derived once here; nothing downstream reads JSON. Wrong JSON types,
 // missing required keys and inconsistent values are errors naming the field; a DSpark
-// drafter (dspark_* keys) is refused as unsupported_model.
+// drafter (dspark_* keys) is refused as unsupported_model. Where both key sets state the
+// same fact (compress_ratios and layer_types, qk_rope_head_dim and partial_rotary_factor,
+// ...), they must agree. JSON null counts as absent; unknown keys are ignored.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ enum class WeightFormat : uint8_t {
 const char* name(AttentionKind kind);
 const char* name(MlpKind kind);
 const char* name(WeightFormat format);
+const char* name(ScoringFunc func);
 
 struct RopeConfig {
   double theta = 10000.0;
@@ -46,6 +49,8 @@ struct RopeConfig {
   int64_t yarn_original_max_position = 0;
   double yarn_beta_fast = 32.0;
   double yarn_beta_slow = 1.0;
+
+  bool operator==(const RopeConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -93,12 +98,14 @@ struct ModelConfig {
   // Storage formats.
   WeightFormat dense_format = WeightFormat::bf16;   // attention / shared-expert linears
   WeightFormat expert_format = WeightFormat::bf16;  // routed experts
-  bool fp8_scales_ue8m0 = true;                     // scale_fmt "ue8m0" (else f32 scales)
+  bool fp8_scales_ue8m0 = false;                    // scale_fmt "ue8m0" (else f32 scales)
   int fp8_block_rows = 128, fp8_block_cols = 128;
 
   int num_layers_with_mtp() const { return num_hidden_layers + num_nextn_predict_layers; }
   int compress_ratio(int layer) const;  // 0, m_csa or m_hca
   int nope_dim() const { return head_dim - rope_dim; }
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 ModelConfig parse_config(const std::string& json_text, const std::string& source);

@@ -7,14 +7,15 @@
 //
 // Validation is complete before anything is returned: header length within the limit
 // and the file, JSON well-formed, every entry well-typed, dtype known, shape x dtype
-// == end - begin, every range inside the file, no two ranges overlapping. Each failure
-// throws keel::Error with its own ErrorCode, naming the file and the tensor.
+// == end - begin, every range inside the file, no two ranges overlapping, no key twice
+// (nlohmann::json alone would keep the last). Each failure throws keel::Error with its
+// own ErrorCode, naming the file and the tensor.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@ class SafetensorsFile {
 // or else the single *.safetensors file(s) in the directory. With an index, every
 // tensor it lists must be in the shard it names and every tensor of a shard must be
 // listed (ErrorCode::index_mismatch otherwise); a name in two files is duplicate_tensor.
+// Beside an index, only the shards it names are opened.
 class Checkpoint {
  public:
   static Checkpoint open(const std::string& directory);
@@ -74,7 +76,7 @@ class Checkpoint {
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   const TensorEntry* find(const std::string& name) const;  // nullptr if absent
   TensorView view(const std::string& name) const;  // throws missing_tensor naming the dir
-  const std::string& file_of(const std::string& name) const;
+  const std::string& file_of(const std::string& name) const;  // throws missing_tensor
   std::vector<std::string> names() const;  // sorted
   const std::vector<SafetensorsFile>& files() const { return files_; }
 
@@ -86,25 +88,29 @@ class Checkpoint {
 
 // Writes a safetensors file tensor by tensor, without holding the data in memory:
 // declare every tensor first (the header needs all offsets), then `write`, which asks
-// `fill` for each tensor's bytes in declaration order, in chunks.
+// `fill` for each tensor's bytes in declaration order, holding one tensor at a time.
+// Names must be unique (duplicate_tensor) and shapes whole bytes of the dtype (usage).
 class SafetensorsWriter {
  public:
   // Fills `out` (exactly the tensor's byte size) with its data.
   using Fill = std::function<void(std::span<std::byte> out)>;
 
   void add(std::string name, DType dtype, Shape shape, Fill fill);
+  // `bytes` must be exactly shape x dtype long (byte_size_mismatch otherwise).
   void add_bytes(std::string name, DType dtype, Shape shape, std::vector<std::byte> bytes);
   void set_metadata(std::string key, std::string value);
   uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<TensorEntry>& entries() const { return entries_; }
 
   // Writes to `path` (via a temporary file renamed at the end, so a failed write never
-  // leaves a truncated file behind under the final name).
+  // leaves a truncated file behind under the final name). Any failure, including an
+  // exception from a `fill`, throws Error(io) naming `path`.
   void write(const std::string& path);
 
  private:
   std::vector<TensorEntry> entries_;
   std::vector<Fill> fills_;
+  std::set<std::string> names_;
   std::map<std::string, std::string> metadata_;
   uint64_t data_bytes_ = 0;
 };
