@@ -98,11 +98,20 @@ class Rng {
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
   uint64_t below(uint64_t n) { return next() % n; }
-  // Box-Muller; never exactly zero so no parameter is accidentally neutral.
+  // Box-Muller, both values of each pair used; never exactly zero, so no parameter is
+  // accidentally neutral.
   float normal() {
     for (;;) {
-      const double u1 = 1.0 - uniform(), u2 = uniform();
-      const float z = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+      float z;
+      if (has_spare_) {
+        z = spare_;
+        has_spare_ = false;
+      } else {
+        const double r = std::sqrt(-2.0 * std::log(1.0 - uniform())), t = 2 * std::numbers::pi * uniform();
+        z = static_cast<float>(r * std::cos(t));
+        spare_ = static_cast<float>(r * std::sin(t));
+        has_spare_ = true;
+      }
       if (z != 0.0f) return z;
     }
   }
@@ -115,6 +124,8 @@ class Rng {
     return z ^ (z >> 31);
   }
   uint64_t s_[4];
+  float spare_ = 0;
+  bool has_spare_ = false;
 };
 
 // How each parameter is drawn (dsv4-forward.md §10): mean + std * N(0, 1), the std
