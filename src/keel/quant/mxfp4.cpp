@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "base/dtype.h"
-#include "quant/span_check.h"
+#include "quant/e2m1_rows.h"
 
 namespace keel {
 
@@ -42,16 +42,7 @@ void quantize_mxfp4(std::span<const float> weights, int64_t rows, int64_t cols, 
 
 void dequantize_mxfp4_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales, int64_t cols,
                           int64_t row, std::span<float> out) {
-  expect_divisible(cols, kMxfp4Block, "mxfp4 cols");
-  expect_size(out.size(), static_cast<uint64_t>(cols), "mxfp4 output row");
-  expect_row(row, packed.size(), scales.size(), cols, kMxfp4Block);
-  const uint8_t* p = &packed[row * cols / 2];
-  const uint8_t* s = &scales[row * cols / kMxfp4Block];
-  for (int64_t k = 0; k < cols; k += 2) {
-    const float scale = ue8m0_to_f32(s[k / kMxfp4Block]);
-    out[k] = e2m1_to_f32(e2m1_low(p[k / 2])) * scale;
-    out[k + 1] = e2m1_to_f32(e2m1_high(p[k / 2])) * scale;
-  }
+  dequantize_e2m1_row(packed, scales, cols, kMxfp4Block, row, out, ue8m0_to_f32);
 }
 
 void dequantize_mxfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales, int64_t rows,

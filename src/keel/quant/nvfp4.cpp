@@ -6,6 +6,7 @@
 #include "base/dtype.h"
 #include "quant/fp8_block.h"
 #include "quant/mxfp4.h"
+#include "quant/e2m1_rows.h"
 #include "quant/span_check.h"
 
 namespace keel {
@@ -44,16 +45,8 @@ float quantize_nvfp4(std::span<const float> weights, int64_t rows, int64_t cols,
 
 void dequantize_nvfp4_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales, float global_scale,
                           int64_t cols, int64_t row, std::span<float> out) {
-  expect_divisible(cols, kNvfp4Block, "nvfp4 cols");
-  expect_size(out.size(), static_cast<uint64_t>(cols), "nvfp4 output row");
-  expect_row(row, packed.size(), scales.size(), cols, kNvfp4Block);
-  const uint8_t* p = &packed[row * cols / 2];
-  const uint8_t* s = &scales[row * cols / kNvfp4Block];
-  for (int64_t k = 0; k < cols; k += 2) {
-    const float scale = e4m3_to_f32(s[k / kNvfp4Block]) * global_scale;
-    out[k] = e2m1_to_f32(e2m1_low(p[k / 2])) * scale;
-    out[k + 1] = e2m1_to_f32(e2m1_high(p[k / 2])) * scale;
-  }
+  dequantize_e2m1_row(packed, scales, cols, kNvfp4Block, row, out,
+                      [global_scale](uint8_t s) { return e4m3_to_f32(s) * global_scale; });
 }
 
 void dequantize_nvfp4(std::span<const uint8_t> packed, std::span<const uint8_t> scales, float global_scale,
