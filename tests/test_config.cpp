@@ -388,6 +388,16 @@ TEST(Config, LoadNamesTheMissingFile) {
   EXPECT_NE(message.find(dir.file("config.json")), std::string::npos) << message;
 }
 
+TEST(Config, IndexKeysAreOptionalWithoutCsaLayers) {
+  json j = flash();
+  for (auto& r : j["compress_ratios"])
+    if (r == 4) r = 128;
+  for (const char* key : {"index_n_heads", "index_head_dim", "index_topk"}) j.erase(key);
+  const ModelConfig c = parse(j);
+  EXPECT_EQ(c.index_topk, 0);
+  EXPECT_EQ(parse_config(to_official_json(c), c.source), c);
+}
+
 // ---- errors: each names the file and the field ----
 
 // Parses `j` expecting `code`; checks that the error names `field` and returns the message.
@@ -438,16 +448,6 @@ TEST(ConfigError, MissingKey) {
   expect_error(no_method, ErrorCode::config_missing, "quantization_config.quant_method");
 }
 
-TEST(ConfigError, IndexKeysAreOptionalWithoutCsaLayers) {
-  json j = flash();
-  for (auto& r : j["compress_ratios"])
-    if (r == 4) r = 128;
-  for (const char* key : {"index_n_heads", "index_head_dim", "index_topk"}) j.erase(key);
-  const ModelConfig c = parse(j);
-  EXPECT_EQ(c.index_topk, 0);
-  EXPECT_EQ(parse_config(to_official_json(c), c.source), c);
-}
-
 TEST(ConfigError, WrongType) {
   std::string message = expect_error(with(flash(), "/hidden_size"_json_pointer, "4096"), ErrorCode::config_type,
                                      "hidden_size");
@@ -472,7 +472,7 @@ TEST(ConfigError, WrongType) {
 TEST(ConfigError, OutOfRange) {
   for (const char* key : {"vocab_size", "hidden_size", "head_dim", "q_lora_rank", "o_lora_rank",
                           "sliding_window", "moe_intermediate_size", "num_experts_per_tok"})
-    expect_error(with(flash(), json::json_pointer("/" + std::string(key)), 0), ErrorCode::config_value, key);
+    expect_error(with(flash(), json::json_pointer(std::string("/").append(key)), 0), ErrorCode::config_value, key);
   expect_error(with(flash(), "/hidden_size"_json_pointer, -4096), ErrorCode::config_value, "hidden_size");
   expect_error(with(flash(), "/hidden_size"_json_pointer, 1ull << 40), ErrorCode::config_value, "hidden_size");
   expect_error(json::parse(R"({"vocab_size": 18446744073709551615})"), ErrorCode::config_value, "vocab_size");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -247,7 +248,7 @@ class Section {
   std::optional<int64_t> integer(std::string_view key, int64_t lo, int64_t hi, std::string_view why = {}) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    return as_integer(*v, key, "", lo, hi, why);
+    return as_integer(*v, key, kWhole, lo, hi, why);
   }
 
   // Any JSON number (an integer is fine where a float is expected). Always finite: the
@@ -255,21 +256,21 @@ class Section {
   std::optional<double> number(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_number()) wrong_type(key, "", "number", *v);
+    if (!v->is_number()) wrong_type(key, kWhole, "number", *v);
     return v->get<double>();
   }
 
   std::optional<bool> boolean(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_boolean()) wrong_type(key, "", "boolean", *v);
+    if (!v->is_boolean()) wrong_type(key, kWhole, "boolean", *v);
     return v->get<bool>();
   }
 
   std::optional<std::string> string(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_string()) wrong_type(key, "", "string", *v);
+    if (!v->is_string()) wrong_type(key, kWhole, "string", *v);
     return v->get<std::string>();
   }
 
@@ -287,7 +288,7 @@ class Section {
   std::optional<Section> section(std::string_view key) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_object()) wrong_type(key, "", "object", *v);
+    if (!v->is_object()) wrong_type(key, kWhole, "object", *v);
     return Section(*v, field(key), *source_);
   }
 
@@ -296,7 +297,7 @@ class Section {
     if (!v) return std::nullopt;
     std::vector<int64_t> out;
     out.reserve(v->size());
-    for (const json& e : *v) out.push_back(as_integer(e, key, entry(out.size()), lo, hi));
+    for (const json& e : *v) out.push_back(as_integer(e, key, out.size(), lo, hi));
     return out;
   }
 
@@ -306,35 +307,37 @@ class Section {
     std::vector<std::string> out;
     out.reserve(v->size());
     for (const json& e : *v) {
-      if (!e.is_string()) wrong_type(key, entry(out.size()), "string", e);
+      if (!e.is_string()) wrong_type(key, out.size(), "string", e);
       out.push_back(e.get<std::string>());
     }
     return out;
   }
 
  private:
-  static std::string entry(size_t index) { return fmt::format("entry {}: ", index); }
+  // The value of a key, or entry `index` of the list at a key; messages name the entry.
+  static constexpr size_t kWhole = SIZE_MAX;
+  static std::string entry(size_t index) { return index == kWhole ? "" : fmt::format("entry {}: ", index); }
 
   const json* array(std::string_view key) const {
     const json* v = find(key);
-    if (v && !v->is_array()) wrong_type(key, "", "array", *v);
+    if (v && !v->is_array()) wrong_type(key, kWhole, "array", *v);
     return v;
   }
 
-  [[noreturn]] void wrong_type(std::string_view key, const std::string& where, const char* expected,
-                               const json& found) const {
-    fail(ErrorCode::config_type, key, fmt::format("{}expected {}, found {}", where, expected, type_name(found)));
+  [[noreturn]] void wrong_type(std::string_view key, size_t index, const char* expected, const json& found) const {
+    fail(ErrorCode::config_type, key,
+         fmt::format("{}expected {}, found {}", entry(index), expected, type_name(found)));
   }
 
   // Integers only: 4096.0 is a float, and a float where an integer belongs is a type error.
-  int64_t as_integer(const json& v, std::string_view key, const std::string& where, int64_t lo, int64_t hi,
+  int64_t as_integer(const json& v, std::string_view key, size_t index, int64_t lo, int64_t hi,
                      std::string_view why = {}) const {
-    if (!v.is_number_integer()) wrong_type(key, where, "integer", v);
+    if (!v.is_number_integer()) wrong_type(key, index, "integer", v);
     const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxI64);
     const int64_t x = huge ? kMaxI64 : v.get<int64_t>();
     if (huge || x < lo || x > hi)
       fail(ErrorCode::config_value, key,
-           fmt::format("{}is {}; {}{}", where, huge ? std::to_string(v.get<uint64_t>()) : std::to_string(x),
+           fmt::format("{}is {}; {}{}", entry(index), huge ? std::to_string(v.get<uint64_t>()) : std::to_string(x),
                        range_text(lo, hi), why));
     return x;
   }
@@ -377,7 +380,6 @@ class Stated {
            fmt::format("states {} but '{}' states {}", show(*value), where_.field, show(*value_)));
     if (!value_) value_ = value, where_ = where;
   }
-  const std::optional<T>& value() const { return value_; }
   T value_or(T fallback) const { return value_.value_or(fallback); }
   // The key that stated the value, or `fallback_field` for the default.
   ErrorContext where(const Section& top, std::string_view fallback_field) const {
@@ -509,7 +511,9 @@ void derive_compress_rates(const Section& top, ModelConfig& c) {
   csa.add(top.context("compress_rate_csa"), top.integer("compress_rate_csa", 1, kMaxDim));
   hca.add(top.context("compress_rate_hca"), top.integer("compress_rate_hca", 1, kMaxDim));
   if (const auto rates = top.section("compress_rates")) {
-    for (auto [rate, key] : {std::pair{&csa, "compressed_sparse_attention"}, {&hca, "heavily_compressed_attention"}})
+    const std::pair<Stated<int64_t>*, const char*> keys[] = {{&csa, "compressed_sparse_attention"},
+                                                             {&hca, "heavily_compressed_attention"}};
+    for (const auto& [rate, key] : keys)
       rate->add(rates->context(key), rates->integer(key, 1, kMaxDim));
   }
   c.compress_ratio_csa = static_cast<int>(csa.value_or(kDefaults.compress_rate_csa));
@@ -520,9 +524,13 @@ void derive_compress_rates(const Section& top, ModelConfig& c) {
                      c.compress_ratio_csa));
 }
 
-std::string layer_label(size_t index, int num_hidden_layers) {
-  const auto n = static_cast<size_t>(num_hidden_layers);
-  return index < n ? fmt::format("layer {}", index) : fmt::format("layer {} (MTP {})", index, index - n);
+// An error about one layer of a per-layer list; `key` names the list, the message the layer.
+[[noreturn]] void fail_layer(const Section& top, std::string_view key, size_t index, const ModelConfig& c,
+                             const std::string& what) {
+  const auto n = static_cast<size_t>(c.num_hidden_layers);
+  const std::string layer =
+      index < n ? fmt::format("layer {}", index) : fmt::format("layer {} (MTP {})", index, index - n);
+  top.fail(ErrorCode::config_value, key, layer + ": " + what);
 }
 
 // A per-layer list has num_hidden_layers entries, or one more per MTP layer at the end.
@@ -548,10 +556,10 @@ std::optional<Schedule> schedule_from_ratios(const Section& top, const ModelConf
   Schedule kinds;
   for (const int64_t r : *ratios) {
     const auto* hit = std::ranges::find(by_ratio, r, &std::pair<int64_t, AttentionKind>::first);
-    top.require(hit != std::end(by_ratio), "compress_ratios",
-                fmt::format("{}: ratio {} is none of 0 (sliding), {} (CSA), {} (HCA)",
-                            layer_label(kinds.size(), c.num_hidden_layers), r, c.compress_ratio_csa,
-                            c.compress_ratio_hca));
+    if (hit == std::end(by_ratio))
+      fail_layer(top, "compress_ratios", kinds.size(), c,
+                 fmt::format("ratio {} is none of 0 (sliding), {} (CSA), {} (HCA)", r, c.compress_ratio_csa,
+                             c.compress_ratio_hca));
     kinds.push_back(hit->second);
   }
   return kinds;
@@ -564,10 +572,10 @@ std::optional<Schedule> schedule_from_layer_types(const Section& top, const Mode
   Schedule kinds;
   for (const std::string& t : *types) {
     const auto kind = lookup(Names<AttentionKind>(kLayerTypes), t);
-    top.require(kind.has_value(), "layer_types",
-                fmt::format("{}: unknown layer type {} (expected {})",
-                            layer_label(kinds.size(), c.num_hidden_layers), excerpt(t),
-                            listing(Names<AttentionKind>(kLayerTypes))));
+    if (!kind)
+      fail_layer(top, "layer_types", kinds.size(), c,
+                 fmt::format("unknown layer type {} (expected {})", excerpt(t),
+                             listing(Names<AttentionKind>(kLayerTypes))));
     kinds.push_back(*kind);
   }
   return kinds;
@@ -584,9 +592,9 @@ void derive_attention(const Section& top, ModelConfig& c) {
   if (ratios && types) {
     const auto common = std::min(ratios->size(), types->size());
     for (size_t i = 0; i < common; ++i)
-      top.require((*ratios)[i] == (*types)[i], "layer_types",
-                  fmt::format("{} is {} here but {} in compress_ratios", layer_label(i, c.num_hidden_layers),
-                              name((*types)[i]), name((*ratios)[i])));
+      if ((*ratios)[i] != (*types)[i])
+        fail_layer(top, "layer_types", i, c,
+                   fmt::format("{} here but {} in compress_ratios", name((*types)[i]), name((*ratios)[i])));
   }
   const Schedule& longest = !types || (ratios && ratios->size() > types->size()) ? *ratios : *types;
   c.attention = longest;
@@ -602,15 +610,15 @@ std::optional<int64_t> hash_layers_from_types(const Section& top, const ModelCon
   int64_t hash = 0;
   for (size_t i = 0; i < types->size(); ++i) {
     const auto kind = lookup(Names<MlpKind>(kMlpTypes), (*types)[i]);
-    const std::string label = layer_label(i, c.num_hidden_layers);
-    top.require(kind.has_value(), "mlp_layer_types",
-                fmt::format("{}: unknown mlp type {} (expected {})", label, excerpt((*types)[i]),
-                            listing(Names<MlpKind>(kMlpTypes))));
+    if (!kind)
+      fail_layer(top, "mlp_layer_types", i, c,
+                 fmt::format("unknown mlp type {} (expected {})", excerpt((*types)[i]),
+                             listing(Names<MlpKind>(kMlpTypes))));
     if (*kind != MlpKind::hash_moe) continue;
-    top.require(i < static_cast<size_t>(c.num_hidden_layers), "mlp_layer_types",
-                fmt::format("{}: MTP layers are always moe", label));
-    top.require(static_cast<int64_t>(i) == hash, "mlp_layer_types",
-                fmt::format("{}: hash_moe after a moe layer; hash layers must come first", label));
+    if (i >= static_cast<size_t>(c.num_hidden_layers))
+      fail_layer(top, "mlp_layer_types", i, c, "MTP layers are always moe");
+    if (static_cast<int64_t>(i) != hash)
+      fail_layer(top, "mlp_layer_types", i, c, "hash_moe after a moe layer; hash layers must come first");
     ++hash;
   }
   return hash;
