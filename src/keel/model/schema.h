@@ -25,7 +25,8 @@ struct TensorSpec {
   std::string name;     // official name, e.g. "layers.3.attn.wq_a.weight"
   Shape shape;          // logical shape
   TensorRole role;
-  WeightFormat format;  // linears: how they are stored; other roles: bf16 or f32 as shipped
+  WeightFormat format;  // linears: how they are stored; norms/parameters: bf16 or f32 as
+                        // shipped; tables: unused (always an integer dtype)
   int layer = -1;       // -1: top level; num_hidden_layers + d: MTP layer d
 };
 

@@ -49,7 +49,7 @@ class Binder {
 
   // A float tensor (bf16 or f32 as stored).
   bool bind_float(const std::string& name, const TensorSpec& spec, Weight& w) {
-    const TensorEntry* e = find(name, {DType::bf16, DType::f32}, spec.shape, name_of(spec.role));
+    const TensorEntry* e = find(name, {DType::bf16, DType::f32}, spec.shape, keel::name(spec.role));
     if (!e) return false;
     w.format = e->dtype == DType::bf16 ? WeightFormat::bf16 : WeightFormat::f32;
     w.data = view(*e);
@@ -95,8 +95,6 @@ class Binder {
   const std::set<std::string>& used() const { return used_; }
 
  private:
-  static std::string name_of(TensorRole role) { return name(role); }
-
   const Checkpoint& ckpt_;
   const ModelConfig& config_;
   std::vector<std::string> problems_;
