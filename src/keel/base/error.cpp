@@ -28,8 +28,9 @@ std::string_view name(ErrorCode code) {
       "header_entry",  "unknown_dtype", "byte_size_mismatch", "out_of_bounds", "overlap",
       "duplicate_tensor", "index_json", "index_mismatch",  "missing_tensor",   "config_json",
       "config_missing", "config_type", "config_value",     "unsupported_model", "weights_mismatch",
+      "bad_input",
   };
-  static_assert(kNames.size() == static_cast<size_t>(ErrorCode::weights_mismatch) + 1);
+  static_assert(kNames.size() == static_cast<size_t>(ErrorCode::bad_input) + 1);
   return kNames.at(static_cast<size_t>(code));
 }
 

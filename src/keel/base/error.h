@@ -33,6 +33,8 @@ enum class ErrorCode {
   unsupported_model,   // a model we recognise but do not run (e.g. a DSpark drafter)
   // weights against the config
   weights_mismatch,    // expected tensors absent or of the wrong shape/dtype (all listed)
+  // running the model
+  bad_input,           // token ids out of range, an empty prompt, a context past the maximum
 };
 
 std::string_view name(ErrorCode code);
