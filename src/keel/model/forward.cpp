@@ -1,0 +1,328 @@
+// Model::forward: dsv4-forward.md §3–§7 over a chunk of S new tokens. Matrix products
+// run over the whole chunk; attention runs per token against the sequence's state
+// plus the chunk's own keys, so a chunk of any size gives the logits of a full forward.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "base/error.h"
+#include "model/model.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
+
+namespace keel {
+namespace {
+
+using Buffer = std::vector<float>;
+
+// What every step of one forward call needs.
+struct Step {
+  const ModelConfig& c;
+  const Rope& rope;  // of the layer being run
+  int64_t start;     // position of the chunk's first token
+  int64_t count;     // S
+  std::span<const int32_t> tokens;
+  float eps() const { return static_cast<float>(c.rms_norm_eps); }
+};
+
+Buffer project(const Weight& w, ConstRows x) {
+  Buffer y(static_cast<size_t>(x.count * out_features(w)));
+  linear(w, x, rows_of(std::span<float>(y), out_features(w)));
+  return y;
+}
+
+void norm_rows(Buffer& x, int64_t width, std::span<const float> weight, float eps) {
+  for (size_t r = 0; r < x.size(); r += width) {
+    std::span<float> row(x.data() + r, width);
+    rms_norm(row, weight, eps, row);
+  }
+}
+
+// --- Compressors (§5.6, §5.7, §7.2) ----------------------------------------------------
+
+// Pools the full pending window into entry number `state.count`.
+void close_window(const Step& s, const CompressorWeights& w, CompressorState& st) {
+  const int m = w.ratio, dim = w.dim, width = w.width();
+  Buffer kv, gate;  // the window's slots, [slots, dim]
+  const auto add_slot = [&](const float* v, const float* g, const float* bias) {
+    kv.insert(kv.end(), v, v + dim);
+    for (int c = 0; c < dim; ++c) gate.push_back(g[c] + bias[c]);
+  };
+  const int half = w.overlapping ? dim : 0;  // CSA: this entry pools the second series
+  if (w.overlapping && !st.carry_kv.empty()) {
+    kv = st.carry_kv;
+    gate = st.carry_gate;
+  }
+  for (int j = 0; j < m; ++j) {
+    add_slot(&st.pending_kv[j * width + half], &st.pending_gate[j * width + half], &w.ape[j * width + half]);
+  }
+  if (w.overlapping) {  // the first series joins the next entry, bias included
+    st.carry_kv.clear();
+    st.carry_gate.clear();
+    for (int j = 0; j < m; ++j) {
+      const float* v = &st.pending_kv[j * width];
+      st.carry_kv.insert(st.carry_kv.end(), v, v + dim);
+      for (int c = 0; c < dim; ++c) st.carry_gate.push_back(st.pending_gate[j * width + c] + w.ape[j * width + c]);
+    }
+  }
+  Buffer entry(dim);
+  pool_slots(kv, gate, static_cast<int>(kv.size() / dim), dim, entry);
+  rms_norm(entry, w.norm, s.eps(), entry);
+  s.rope.apply(entry, st.count * m);  // an entry sits at its window's start
+  st.entries.insert(st.entries.end(), entry.begin(), entry.end());
+  ++st.count;
+  st.pending = 0;
+  st.pending_kv.clear();
+  st.pending_gate.clear();
+}
+
+void compress(const Step& s, const CompressorWeights& w, CompressorState& st, ConstRows x) {
+  const Buffer kv = project(*w.wkv, x), gate = project(*w.wgate, x);
+  const int width = w.width();
+  for (int64_t t = 0; t < s.count; ++t) {
+    st.pending_kv.insert(st.pending_kv.end(), &kv[t * width], &kv[(t + 1) * width]);
+    st.pending_gate.insert(st.pending_gate.end(), &gate[t * width], &gate[(t + 1) * width]);
+    if (++st.pending == w.ratio) close_window(s, w, st);
+  }
+}
+
+// --- Attention (§5) ----------------------------------------------------------------------
+
+struct Queries {
+  Buffer qr;  // [S, q_lora_rank], normalized: feeds q and the indexer
+  Buffer q;   // [S, H·hd], per-head normalized and rotated
+  Buffer kv;  // [S, hd], normalized and rotated
+};
+
+Queries queries(const Step& s, const AttentionWeights& a, ConstRows x) {
+  const ModelConfig& c = s.c;
+  Queries r{project(*a.wq_a, x)};
+  norm_rows(r.qr, c.q_lora_rank, a.q_norm, s.eps());
+  r.q = project(*a.wq_b, rows_of(std::span<const float>(r.qr), c.q_lora_rank));
+  r.kv = project(*a.wkv, x);
+  norm_rows(r.kv, c.head_dim, a.kv_norm, s.eps());
+  const int64_t heads = c.num_attention_heads, hd = c.head_dim;
+  for (int64_t t = 0; t < s.count; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::span<float> head(&r.q[(t * heads + h) * hd], hd);
+      rms_norm_unweighted(head, s.eps());
+      s.rope.apply(head, s.start + t);
+    }
+    s.rope.apply(std::span<float>(&r.kv[t * hd], hd), s.start + t);
+  }
+  return r;
+}
+
+// The lightning indexer's per-token queries and head weights (§5.8).
+struct IndexQueries {
+  Buffer q;        // [S, nI·dI], rotated
+  Buffer weights;  // [S, nI], scaled by nI^-0.5
+};
+
+IndexQueries index_queries(const Step& s, const IndexerWeights& w, const Buffer& qr, ConstRows x) {
+  const ModelConfig& c = s.c;
+  IndexQueries r{project(*w.wq_b, rows_of(std::span<const float>(qr), c.q_lora_rank)), project(*w.weights_proj, x)};
+  const int64_t stride = int64_t{c.index_n_heads} * c.index_head_dim;
+  for (int64_t t = 0; t < s.count; ++t) {
+    s.rope.apply_heads(std::span<float>(&r.q[t * stride], stride), c.index_head_dim, s.start + t);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.index_n_heads));
+  for (float& v : r.weights) v *= scale;
+  return r;
+}
+
+// Keys of the token at `position`: its sliding window, then the compressed entries it sees.
+std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, const LayerState& st,
+                                  const Queries& qs, const IndexQueries* iq, int64_t position) {
+  const ModelConfig& c = s.c;
+  const int64_t hd = c.head_dim, sw = c.sliding_window;
+  std::vector<const float*> keys;
+  for (int64_t j = std::max<int64_t>(0, position - sw + 1); j <= position; ++j) {
+    keys.push_back(j >= s.start ? &qs.kv[(j - s.start) * hd] : &st.window[(j % sw) * hd]);
+  }
+  if (!a.compressor) return keys;
+  const int64_t visible = (position + 1) / a.compressor->ratio;
+  const float* entries = st.compressor.entries.data();
+  if (!a.indexer) {
+    for (int64_t w = 0; w < visible; ++w) keys.push_back(entries + w * hd);
+    return keys;
+  }
+  const int64_t t = position - s.start;
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  const auto picked = indexer_select(std::span(&iq->q[t * nI * dI], nI * dI), std::span(&iq->weights[t * nI], nI),
+                                     c.index_n_heads, c.index_head_dim, st.indexer.entries, visible, c.index_topk);
+  for (int64_t w : picked) keys.push_back(entries + w * hd);
+  return keys;
+}
+
+void remember_window(const Step& s, LayerState& st, const Buffer& kv) {
+  const int64_t hd = s.c.head_dim, sw = s.c.sliding_window;
+  for (int64_t p = std::max(s.start, s.start + s.count - sw); p < s.start + s.count; ++p) {
+    std::copy_n(&kv[(p - s.start) * hd], hd, &st.window[(p % sw) * hd]);
+  }
+}
+
+Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, ConstRows x) {
+  const ModelConfig& c = s.c;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim;
+  const Queries qs = queries(s, a, x);
+  if (a.compressor) compress(s, *a.compressor, st.compressor, x);
+  IndexQueries iq;
+  if (a.indexer) {
+    compress(s, a.indexer->compressor, st.indexer, x);
+    iq = index_queries(s, *a.indexer, qs.qr, x);
+  }
+  if (st.window.empty()) st.window.resize(static_cast<size_t>(c.sliding_window * hd));
+
+  Buffer o(static_cast<size_t>(s.count * H * hd));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for schedule(dynamic, 1) if (s.count > 1)
+  for (int64_t t = 0; t < s.count; ++t) {
+    const auto keys = key_set(s, a, st, qs, a.indexer ? &iq : nullptr, s.start + t);
+    std::span<float> out(&o[t * H * hd], H * hd);
+    attend(std::span(&qs.q[t * H * hd], H * hd), H, hd, keys, a.sinks, scale, out);
+    s.rope.apply_heads(out, hd, s.start + t, /*inverse=*/true);  // V carried K's rotation
+  }
+  remember_window(s, st, qs.kv);
+
+  // Grouped output projection: group g's heads through rows [g·r, (g+1)·r) of wo_a.
+  const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
+  Buffer u(static_cast<size_t>(s.count * G * r));
+  for (int64_t g = 0; g < G; ++g) {
+    linear(*a.wo_a, ConstRows{o.data() + g * group_in, s.count, H * hd}, Rows{u.data() + g * r, s.count, G * r},
+           RowRange{g * r, r});
+  }
+  return project(*a.wo_b, rows_of(std::span<const float>(u), G * r));
+}
+
+// --- MoE (§6) ----------------------------------------------------------------------------
+
+// acc.row(t) += weight_t · down(clamped_swiglu(gate(x_t), up(x_t))) for the rows `rows`.
+void run_expert(const Step& s, const ExpertWeights& e, ConstRows x, const std::vector<int64_t>& rows,
+                const std::vector<float>& weights, Buffer& acc) {
+  const int64_t D = s.c.hidden_size, I = s.c.moe_intermediate_size, n = static_cast<int64_t>(rows.size());
+  Buffer xs(static_cast<size_t>(n * D));
+  for (int64_t i = 0; i < n; ++i) std::copy_n(x.row(rows[i]), D, &xs[i * D]);
+  const ConstRows in = rows_of(std::span<const float>(xs), D);
+  Buffer g = project(*e.w1, in);
+  const Buffer u = project(*e.w3, in);
+  clamped_swiglu(g, u, static_cast<float>(s.c.swiglu_limit));
+  const Buffer y = project(*e.w2, rows_of(std::span<const float>(g), I));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < D; ++d) acc[rows[i] * D + d] += weights[i] * y[i * D + d];
+  }
+}
+
+Buffer moe(const Step& s, const MoeWeights& m, ConstRows x) {
+  const ModelConfig& c = s.c;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  Buffer scores = project(*m.gate, x);
+  std::vector<std::vector<int64_t>> rows(E);
+  std::vector<std::vector<float>> weights(E);
+  for (int64_t t = 0; t < s.count; ++t) {
+    std::span<float> row(&scores[t * E], E);
+    score_router(row, c.scoring_func);
+    std::span<const int32_t> hashed;
+    if (m.kind == MlpKind::hash_moe) hashed = std::span(&m.tid2eid[s.tokens[t] * k], k);
+    const Routing r = route(row, m.bias, hashed, static_cast<int>(k), static_cast<float>(c.routed_scaling_factor));
+    for (int64_t i = 0; i < k; ++i) {
+      rows[r.experts[i]].push_back(t);
+      weights[r.experts[i]].push_back(r.weights[i]);
+    }
+  }
+  Buffer out(static_cast<size_t>(s.count * c.hidden_size), 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    if (!rows[e].empty()) run_expert(s, m.experts[e], x, rows[e], weights[e], out);
+  }
+  std::vector<int64_t> all(s.count);
+  for (int64_t t = 0; t < s.count; ++t) all[t] = t;
+  run_expert(s, m.shared, x, all, std::vector<float>(s.count, 1.0f), out);
+  return out;
+}
+
+// --- One decoder layer (§3.1) ------------------------------------------------------------
+
+// Runs `sublayer` on the streams collapsed by `site`, then mixes its output back in.
+template <typename Sublayer>
+void hyper_block(const Step& s, const HyperParams& hp, const HyperSite& site, std::span<const float> norm,
+                 Buffer& streams, Sublayer&& sublayer) {
+  const int64_t D = s.c.hidden_size, width = hp.hc * D;
+  std::vector<HyperMix> mixes(s.count);
+  Buffer x(static_cast<size_t>(s.count * D));
+#pragma omp parallel for if (s.count > 1)
+  for (int64_t t = 0; t < s.count; ++t) {
+    const std::span<const float> token(&streams[t * width], width);
+    mixes[t] = hyper_mix(hp, site, token);
+    std::span<float> xt(&x[t * D], D);
+    hyper_collapse(hp, mixes[t].pre, token, xt);
+    rms_norm(xt, norm, s.eps(), xt);
+  }
+  const Buffer y = sublayer(rows_of(std::span<const float>(x), D));
+#pragma omp parallel for if (s.count > 1)
+  for (int64_t t = 0; t < s.count; ++t) {
+    hyper_expand(hp, mixes[t], std::span(&y[t * D], D), std::span(&streams[t * width], width));
+  }
+}
+
+HyperParams hyper_params(const ModelConfig& c) {
+  return {c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
+          static_cast<float>(c.rms_norm_eps)};
+}
+
+void check_tokens(const ModelConfig& c, const Sequence& seq, std::span<const int32_t> tokens) {
+  if (tokens.empty()) fail(ErrorCode::bad_input, {}, "no tokens to run (an empty prompt?)");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      fail(ErrorCode::bad_input, {},
+           "token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) + " is outside the vocabulary [0, " +
+               std::to_string(c.vocab_size) + ")");
+    }
+  }
+  const int64_t end = seq.length + static_cast<int64_t>(tokens.size());
+  if (end > c.max_position_embeddings) {
+    fail(ErrorCode::bad_input, {},
+         std::to_string(end) + " tokens exceed the model's context of " + std::to_string(c.max_position_embeddings) +
+             " (max_position_embeddings)");
+  }
+}
+
+}  // namespace
+
+std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
+  const ModelConfig& c = config_;
+  check_tokens(c, seq, tokens);
+  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const HyperParams hp = hyper_params(c);
+  const int64_t width = hp.hc * D;
+
+  Buffer streams(static_cast<size_t>(S * width));  // [S, hc, D]: the embedding in every stream
+  for (int64_t t = 0; t < S; ++t) {
+    decode_row(*tensors_.embed, tokens[t], std::span(&streams[t * width], D));
+    for (int j = 1; j < hp.hc; ++j) std::copy_n(&streams[t * width], D, &streams[t * width + j * D]);
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = tensors_.layers[l];
+    const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
+    const Step s{c, rope, seq.length, S, tokens};
+    LayerState& st = seq.layers[l];
+    hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, st, x); });
+    hyper_block(s, hp, L.hc_ffn, L.ffn_norm, streams, [&](ConstRows x) { return moe(s, L.ffn, x); });
+  }
+  seq.length += S;
+
+  const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
+  Buffer h(static_cast<size_t>(n * D));
+  for (int64_t t = 0; t < n; ++t) {
+    std::span<float> ht(&h[t * D], D);
+    hyper_head(hp, tensors_.hc_head, std::span(&streams[(first + t) * width], width), ht);
+    rms_norm(ht, tensors_.norm, static_cast<float>(c.rms_norm_eps), ht);
+  }
+  Buffer logits(static_cast<size_t>(n * V));
+  linear(*tensors_.head, rows_of(std::span<const float>(h), D), rows_of(std::span<float>(logits), V));
+  return logits;
+}
+
+}  // namespace keel

@@ -1,0 +1,83 @@
+#include "model/model.h"
+
+#include <string>
+
+#include "base/error.h"
+
+namespace keel {
+namespace {
+
+uint64_t tensor_bytes(const Weight& w) { return w.data.nbytes() + (w.scale.data ? w.scale.nbytes() : 0); }
+
+uint64_t floats_bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+uint64_t compressor_bytes(const CompressorState& s) {
+  return floats_bytes(s.entries) + floats_bytes(s.pending_kv) + floats_bytes(s.pending_gate) +
+         floats_bytes(s.carry_kv) + floats_bytes(s.carry_gate);
+}
+
+// Reads one byte per page so the checkpoint is in memory before the first token.
+void prefault(const ModelWeights& weights, const Model::Progress& progress) {
+  const uint64_t total = weights.stored_bytes();
+  uint64_t done = 0, reported = 0;
+  volatile uint8_t sink = 0;
+  for (const TensorSpec& spec : weights.specs()) {
+    const Weight& w = weights.at(spec.name);
+    for (const TensorView* v : {&w.data, &w.scale}) {
+      if (!v->data) continue;
+      const auto* bytes = static_cast<const uint8_t*>(v->data);
+      for (uint64_t i = 0; i < v->nbytes(); i += 4096) sink = sink + bytes[i];
+      done += v->nbytes();
+    }
+    if (done - reported >= total / 100 || done == total) {
+      progress(done, total);
+      reported = done;
+    }
+  }
+  progress(total, total);
+}
+
+}  // namespace
+
+uint64_t Sequence::state_bytes() const {
+  uint64_t bytes = 0;
+  for (const LayerState& l : layers) {
+    bytes += floats_bytes(l.window) + compressor_bytes(l.compressor) + compressor_bytes(l.indexer);
+  }
+  return bytes;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& directory, const Progress& progress) {
+  std::unique_ptr<Model> m(new Model);
+  m->config_ = load_config(directory);
+  m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(directory));
+  m->weights_ = std::make_unique<ModelWeights>(ModelWeights::bind(*m->checkpoint_, m->config_));
+  m->tensors_ = gather_tensors(*m->weights_, m->config_);
+  m->rope_main_ = Rope(m->config_.rope_main);
+  m->rope_compress_ = Rope(m->config_.rope_compress);
+  if (progress) prefault(*m->weights_, progress);
+  return m;
+}
+
+Sequence Model::new_sequence() const {
+  Sequence s;
+  s.layers.resize(static_cast<size_t>(config_.num_hidden_layers));
+  return s;
+}
+
+uint64_t Model::decode_bytes_per_token() const {
+  const ModelConfig& c = config_;
+  uint64_t bytes = tensor_bytes(*tensors_.head) + tensor_bytes(*tensors_.embed) / c.vocab_size;
+  for (const TensorSpec& spec : weights_->specs()) {
+    if (spec.layer >= c.num_hidden_layers || spec.role != TensorRole::linear) continue;
+    if (spec.name.find(".experts.") != std::string::npos) continue;  // counted below
+    if (spec.layer >= 0) bytes += tensor_bytes(weights_->at(spec.name));
+  }
+  for (const LayerWeights& l : tensors_.layers) {
+    const ExpertWeights& e = l.ffn.experts.front();
+    bytes += c.num_experts_per_tok * (tensor_bytes(*e.w1) + tensor_bytes(*e.w2) + tensor_bytes(*e.w3));
+  }
+  return bytes;
+}
+
+}  // namespace keel

@@ -1,0 +1,65 @@
+// A DeepSeek-V4 model on the CPU: the reference forward pass every other backend is
+// measured against (dsv4-forward.md). Weights are used in their stored formats.
+//
+// One entry point serves full forwards, chunked prefill and decode: `forward` appends
+// tokens to a Sequence's incremental state and returns their logits. A full forward is
+// one call on a fresh sequence; any split of the same tokens gives the same logits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/layers.h"
+#include "model/sequence.h"
+#include "model/weights.h"
+#include "ops/rope.h"
+
+namespace keel {
+
+enum class LogitRows { all, last };
+
+class Model {
+ public:
+  // Called while weights are read in: bytes done, bytes total.
+  using Progress = std::function<void(uint64_t done, uint64_t total)>;
+
+  // Opens DIRECTORY (config.json + safetensors), binds and checks every tensor.
+  // With `progress`, also reads every weight page once (so the first tokens do not
+  // pay for page faults) and reports as it goes.
+  static std::unique_ptr<Model> load(const std::string& directory, const Progress& progress = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return *weights_; }
+  const ModelTensors& tensors() const { return tensors_; }
+
+  Sequence new_sequence() const;
+
+  // Runs `tokens` after what `sequence` holds and returns their logits, [tokens, vocab]
+  // (or only the last row). Throws Error(bad_input) for ids outside the vocabulary, an
+  // empty call, or a sequence that would pass max_position_embeddings; the sequence is
+  // unchanged then.
+  std::vector<float> forward(Sequence& sequence, std::span<const int32_t> tokens,
+                             LogitRows rows = LogitRows::all) const;
+
+  // Weight bytes one decode step reads: every dense linear, k routed experts per MoE
+  // layer, one embedding row and the lm_head (for bandwidth figures).
+  uint64_t decode_bytes_per_token() const;
+
+ private:
+  Model() = default;
+
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<ModelWeights> weights_;
+  ModelTensors tensors_;
+  Rope rope_main_;      // sliding layers
+  Rope rope_compress_;  // CSA / HCA layers
+};
+
+}  // namespace keel
