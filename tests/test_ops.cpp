@@ -1,0 +1,259 @@
+// CPU ops against independent computations: the matrix kernel on every stored format
+// against the quant/ dequantizers with f64 sums, RoPE against the spec's values, and the
+// small ops against their definitions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "base/dtype.h"
+#include "ops/attention.h"
+#include "ops/compressor.h"
+#include "ops/hyper.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+#include "ops/rope.h"
+#include "quant/fp8_block.h"
+#include "quant/mxfp4.h"
+#include "quant/nvfp4.h"
+#include "testing.h"
+
+namespace keel {
+namespace {
+
+using testing::random_normal;
+
+// A weight with its own storage, as ModelWeights would bind it.
+struct OwnedWeight {
+  TensorSpec spec;
+  std::vector<uint8_t> data, scale;
+  Weight w;
+
+  OwnedWeight(WeightFormat format, DType dtype, int64_t out, int64_t in, uint32_t seed,
+              ScaleFormat scale_format = ScaleFormat::ue8m0) {
+    spec = {"test.weight", {out, in}, TensorRole::linear, format};
+    const std::vector<float> values = random_normal(static_cast<size_t>(out * in), seed);
+    w.spec = &spec;
+    w.format = format;
+    w.scale_format = scale_format;
+    switch (format) {
+      case WeightFormat::f32:
+      case WeightFormat::bf16:
+        fill_float(values, dtype, out, in);
+        break;
+      case WeightFormat::fp8_block: {
+        const Fp8BlockShape shape{.rows = out, .cols = in};
+        data.resize(out * in);
+        scale.resize(shape.scale_count() * (scale_format == ScaleFormat::f32 ? 4 : 1));
+        quantize_fp8_block(values, shape, scale_format, data, scale);
+        w.data = TensorView::contiguous(data.data(), DType::f8_e4m3, {out, in}, Memory::host);
+        w.scale = TensorView::contiguous(scale.data(), scale_format == ScaleFormat::f32 ? DType::f32 : DType::f8_e8m0,
+                                         {shape.scale_rows(), shape.scale_cols()}, Memory::host);
+        break;
+      }
+      case WeightFormat::mxfp4:
+        data.resize(out * in / 2);
+        scale.resize(out * in / 32);
+        quantize_mxfp4(values, out, in, data, scale);
+        w.data = TensorView::contiguous(data.data(), DType::i8, {out, in / 2}, Memory::host);
+        w.scale = TensorView::contiguous(scale.data(), DType::f8_e8m0, {out, in / 32}, Memory::host);
+        break;
+      case WeightFormat::nvfp4:
+        data.resize(out * in / 2);
+        scale.resize(out * in / 16);
+        w.global_scale = quantize_nvfp4(values, out, in, data, scale);
+        w.data = TensorView::contiguous(data.data(), DType::u8, {out, in / 2}, Memory::host);
+        w.scale = TensorView::contiguous(scale.data(), DType::f8_e4m3, {out, in / 16}, Memory::host);
+        break;
+    }
+  }
+
+  void fill_float(const std::vector<float>& values, DType dtype, int64_t out, int64_t in) {
+    const size_t n = values.size();
+    if (dtype == DType::f32) {
+      data.resize(n * 4);
+      std::memcpy(data.data(), values.data(), n * 4);
+    } else {
+      data.resize(n * 2);
+      auto* bits = reinterpret_cast<uint16_t*>(data.data());
+      for (size_t i = 0; i < n; ++i) bits[i] = dtype == DType::bf16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+    }
+    w.data = TensorView::contiguous(data.data(), dtype, {out, in}, Memory::host);
+  }
+};
+
+struct LinearCase {
+  WeightFormat format;
+  DType dtype;
+  ScaleFormat scale_format;
+  const char* name;
+};
+
+class LinearFormats : public ::testing::TestWithParam<LinearCase> {};
+
+// Sizes cross the 128-wide FP8 blocks and the FP4 scale groups; a row range starting
+// mid-block is what the grouped output projection asks for. Outputs are poisoned first.
+TEST_P(LinearFormats, MatchesReferenceDequantizer) {
+  const LinearCase& c = GetParam();
+  const int64_t out = 261, in = 320;
+  const OwnedWeight ow(c.format, c.dtype, out, in, 7, c.scale_format);
+  for (const int64_t tokens : {1, 3, 17}) {
+    for (const RowRange range : {RowRange{}, RowRange{36, 150}}) {
+      const int64_t rows = range.count < 0 ? out : range.count;
+      const std::vector<float> x = random_normal(static_cast<size_t>(tokens * in), 11);
+      std::vector<float> fast(tokens * rows, std::nanf("")), ref(tokens * rows, std::nanf(""));
+      linear(ow.w, rows_of(std::span<const float>(x), in), rows_of(std::span<float>(fast), rows), range);
+      linear_reference(ow.w, rows_of(std::span<const float>(x), in), rows_of(std::span<float>(ref), rows), range);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(ref[i]));
+        ASSERT_NEAR(fast[i], ref[i], 1e-4f * (1.0f + std::fabs(ref[i]))) << c.name << " tokens " << tokens << " at " << i;
+      }
+    }
+  }
+}
+
+TEST_P(LinearFormats, DecodeRowEqualsReferenceRow) {
+  const LinearCase& c = GetParam();
+  const OwnedWeight ow(c.format, c.dtype, 130, 256, 3, c.scale_format);
+  std::vector<float> row(256, std::nanf("")), one(256, 0.0f), ref(1);
+  for (int64_t r : {0, 127, 128, 129}) {
+    decode_row(ow.w, r, row);
+    for (int64_t k = 0; k < 256; k += 37) {  // W[r, k] = W · e_k through the reference
+      std::fill(one.begin(), one.end(), 0.0f);
+      one[k] = 1.0f;
+      linear_reference(ow.w, rows_of(std::span<const float>(one), 256), Rows{ref.data(), 1, 1}, {r, 1});
+      EXPECT_EQ(row[k], ref[0]) << c.name << " row " << r << " col " << k;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, LinearFormats,
+    ::testing::Values(LinearCase{WeightFormat::f32, DType::f32, ScaleFormat::ue8m0, "f32"},
+                      LinearCase{WeightFormat::bf16, DType::bf16, ScaleFormat::ue8m0, "bf16"},
+                      LinearCase{WeightFormat::bf16, DType::f16, ScaleFormat::ue8m0, "f16"},
+                      LinearCase{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::ue8m0, "fp8_ue8m0"},
+                      LinearCase{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::f32, "fp8_f32"},
+                      LinearCase{WeightFormat::mxfp4, DType::i8, ScaleFormat::ue8m0, "mxfp4"},
+                      LinearCase{WeightFormat::nvfp4, DType::u8, ScaleFormat::ue8m0, "nvfp4"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Linear, RejectsMismatchedRanges) {
+  const OwnedWeight ow(WeightFormat::f32, DType::f32, 8, 4, 1);
+  std::vector<float> x(4, 1.0f), y(8);
+  KEEL_EXPECT_ERROR(linear(ow.w, ConstRows{x.data(), 1, 4}, Rows{y.data(), 1, 8}, RowRange{4, 8}), ErrorCode::usage);
+  KEEL_EXPECT_ERROR(linear(ow.w, ConstRows{x.data(), 1, 4}, Rows{y.data(), 2, 8}), ErrorCode::usage);
+}
+
+// dsv4-forward.md §2.3 lists these f32 values for DeepSeek-V4-Flash.
+TEST(Rope, FlashFrequenciesMatchTheSpec) {
+  const Rope compress(RopeConfig{.theta = 160000, .rope_dim = 64, .yarn = true, .yarn_factor = 16,
+                                 .yarn_original_max_position = 65536, .yarn_beta_fast = 32, .yarn_beta_slow = 1});
+  EXPECT_FLOAT_EQ(compress.inv_freq()[15], 3.6355385e-3f);
+  EXPECT_FLOAT_EQ(compress.inv_freq()[16], 2.2656249e-3f);
+  EXPECT_FLOAT_EQ(compress.inv_freq()[24], 1.9531253e-5f);
+  EXPECT_FLOAT_EQ(compress.inv_freq()[31], 5.6805294e-7f);
+  const Rope main(RopeConfig{.theta = 10000, .rope_dim = 64});
+  EXPECT_FLOAT_EQ(main.inv_freq()[1], 0.74989420f);
+  EXPECT_FLOAT_EQ(main.inv_freq()[31], 1.3335215e-4f);
+}
+
+TEST(Rope, RotatesAdjacentPairsOfTheTrailingChannels) {
+  const Rope rope(RopeConfig{.theta = 10000, .rope_dim = 4});
+  std::vector<float> v{5, 6, 1, 0, 0, 1};  // nope [5, 6], rope pairs (1, 0), (0, 1)
+  rope.apply(v, 3);
+  EXPECT_EQ(v[0], 5);
+  EXPECT_EQ(v[1], 6);
+  // pair 0: frequency 1, angle 3: (cos 3, sin 3); pair 1: frequency 1/100, angle 0.03
+  EXPECT_NEAR(v[2], std::cos(3.0), 1e-6);
+  EXPECT_NEAR(v[3], std::sin(3.0), 1e-6);
+  EXPECT_NEAR(v[4], -std::sin(0.03), 1e-6);
+  EXPECT_NEAR(v[5], std::cos(0.03), 1e-6);
+  rope.apply(v, 3, /*inverse=*/true);
+  EXPECT_NEAR(v[2], 1, 1e-6);
+  EXPECT_NEAR(v[3], 0, 1e-6);
+  EXPECT_NEAR(v[4], 0, 1e-6);
+  EXPECT_NEAR(v[5], 1, 1e-6);
+}
+
+TEST(Hyper, SinkhornIsNearlyDoublyStochastic) {
+  std::vector<float> m = random_normal(16, 5, 2.0f);
+  sinkhorn(m, 4, 20, 1e-6f);
+  for (int i = 0; i < 4; ++i) {
+    float row = 0, col = 0;
+    for (int j = 0; j < 4; ++j) {
+      row += m[i * 4 + j];
+      col += m[j * 4 + i];
+    }
+    EXPECT_NEAR(row, 1.0f, 1e-3f);
+    EXPECT_NEAR(col, 1.0f, 1e-5f);  // the last pass normalizes columns
+  }
+}
+
+TEST(Hyper, OneIterationIsSoftmaxThenColumnNormalization) {
+  std::vector<float> m{0, 1, 2, 3};
+  sinkhorn(m, 2, 1, 0.0f);
+  const double a = 1 / (1 + std::exp(1.0)), b = 1 - a;  // both rows softmax to (a, b)
+  EXPECT_NEAR(m[0], a / (2 * a), 1e-6);
+  EXPECT_NEAR(m[1], b / (2 * b), 1e-6);
+}
+
+TEST(Attention, SinkTakesItsShare) {
+  // One head, two keys; q·k = 1 and 0 with scale 1, sink logit 0.
+  const std::vector<float> q{1, 0}, k0{1, 0}, k1{0, 1}, sinks{0};
+  const std::vector<const float*> keys{k0.data(), k1.data()};
+  std::vector<float> out(2, std::nanf(""));
+  attend(q, 1, 2, keys, sinks, 1.0f, out);
+  const double e = std::exp(1.0), total = e + 1 + 1;
+  EXPECT_NEAR(out[0], e / total, 1e-6);
+  EXPECT_NEAR(out[1], 1 / total, 1e-6);
+}
+
+TEST(Attention, IndexerPicksHighestReluScores) {
+  // Two heads of dim 1 with weights (1, 0.5); keys 1, -2, 3: scores
+  // relu(q0·k)·1 + relu(q1·k)·0.5 with q = (1, -1): 1, 1, 3.
+  const std::vector<float> q{1, -1}, w{1, 0.5f}, keys{1, -2, 3};
+  EXPECT_EQ(indexer_select(q, w, 2, 1, keys, 3, 2), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(indexer_select(q, w, 2, 1, keys, 2, 5), (std::vector<int64_t>{0, 1}));  // only 2 visible
+}
+
+TEST(Compressor, PoolIsPerChannelSoftmax) {
+  const std::vector<float> values{1, 10, 3, 20}, gates{0, 5, std::log(3.0f), 5};  // 2 slots x 2 channels
+  std::vector<float> out(2);
+  pool_slots(values, gates, 2, 2, out);
+  EXPECT_NEAR(out[0], (1 * 1 + 3 * 3) / 4.0, 1e-6);  // weights 1/4, 3/4
+  EXPECT_NEAR(out[1], 15.0, 1e-5);                    // equal gates
+}
+
+TEST(Moe, RoutesOnBiasedScoresAndWeighsUnbiased) {
+  std::vector<float> scores{0.1f, 0.4f, 0.3f, 0.2f};
+  const std::vector<float> bias{1.0f, 0, 0, 0};
+  const Routing r = route(scores, bias, {}, 2, 2.0f);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(r.weights[0], 0.1 / 0.5 * 2, 1e-6);
+  EXPECT_NEAR(r.weights[1], 0.4 / 0.5 * 2, 1e-6);
+  const std::vector<int32_t> hashed{3, 2};
+  EXPECT_EQ(route(scores, {}, hashed, 2, 1.0f).experts, hashed);
+}
+
+TEST(Moe, ScoringFunctions) {
+  std::vector<float> s{0.0f, 30.0f};
+  score_router(s, ScoringFunc::sqrtsoftplus);
+  EXPECT_NEAR(s[0], std::sqrt(std::log(2.0)), 1e-6);
+  EXPECT_NEAR(s[1], std::sqrt(30.0), 1e-5);  // softplus(x) = x past 20
+  std::vector<float> g{0.0f};
+  score_router(g, ScoringFunc::sigmoid);
+  EXPECT_EQ(g[0], 0.5f);
+}
+
+TEST(Moe, SwigluClampsGateAboveAndUpBothSides) {
+  std::vector<float> gate{5.0f, -1.0f};
+  const std::vector<float> up{-9.0f, 0.5f};
+  clamped_swiglu(gate, up, 1.0f);
+  EXPECT_NEAR(gate[0], 1.0 / (1 + std::exp(-1.0)) * -1.0, 1e-6);  // gate 5 -> 1, up -9 -> -1
+  EXPECT_NEAR(gate[1], -1.0 / (1 + std::exp(1.0)) * 0.5, 1e-6);   // gate below: unclamped
+}
+
+}  // namespace
+}  // namespace keel
