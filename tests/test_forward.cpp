@@ -11,6 +11,7 @@
 
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/perplexity.h"
 #include "testing.h"
 
 namespace keel {
@@ -201,6 +202,31 @@ TEST(Forward, StateGrowsWithTokensNotContext) {
   EXPECT_TRUE(hca.indexer.entries.empty());
   EXPECT_EQ(seq.layers[0].window.size(), size_t(c.sliding_window * c.head_dim));
   EXPECT_LT(seq.state_bytes(), uint64_t(64) << 10);  // nothing sized by max_position (256)
+}
+
+// Perplexity over windows equals the one computed from transformers' logits of each
+// window (a window is a fresh sequence, so row 0's first 20 and next 20 tokens).
+TEST(Forward, PerplexityMatchesTransformersLogits) {
+  const auto model = Model::load(fixture("tiny"));
+  const Reference ref(fixture("tiny"));
+  const auto ids = ref.row_ids(0);
+  const PerplexityResult whole = perplexity(*model, ids, ref.seq);
+  double nll = 0;
+  for (int64_t t = 0; t + 1 < ref.seq; ++t) {
+    const float* row = &ref.full[t * ref.vocab];
+    double sum = 0;
+    for (int64_t v = 0; v < ref.vocab; ++v) sum += std::exp(double(row[v]));
+    nll += std::log(sum) - row[ids[t + 1]];
+  }
+  EXPECT_EQ(whole.predicted, ref.seq - 1);
+  EXPECT_EQ(whole.windows, 1);
+  EXPECT_NEAR(whole.nats_per_token(), nll / (ref.seq - 1), 1e-5);
+  EXPECT_NEAR(whole.perplexity(), std::exp(nll / (ref.seq - 1)), 1e-4);
+  // Windows of 20: 45 tokens -> windows of 20, 20, 5 with 19 + 19 + 4 predictions.
+  const PerplexityResult windows = perplexity(*model, ids, 20);
+  EXPECT_EQ(windows.windows, 3);
+  EXPECT_EQ(windows.predicted, 42);
+  KEEL_EXPECT_ERROR(perplexity(*model, ids.subspan(0, 1), 20), ErrorCode::bad_input);
 }
 
 }  // namespace

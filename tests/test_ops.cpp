@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "base/dtype.h"
+#include "model/owned_weight.h"
 #include "ops/attention.h"
 #include "ops/compressor.h"
 #include "ops/hyper.h"
@@ -24,65 +25,6 @@ namespace {
 
 using testing::random_normal;
 
-// A weight with its own storage, as ModelWeights would bind it.
-struct OwnedWeight {
-  TensorSpec spec;
-  std::vector<uint8_t> data, scale;
-  Weight w;
-
-  OwnedWeight(WeightFormat format, DType dtype, int64_t out, int64_t in, uint32_t seed,
-              ScaleFormat scale_format = ScaleFormat::ue8m0) {
-    spec = {"test.weight", {out, in}, TensorRole::linear, format};
-    const std::vector<float> values = random_normal(static_cast<size_t>(out * in), seed);
-    w.spec = &spec;
-    w.format = format;
-    w.scale_format = scale_format;
-    switch (format) {
-      case WeightFormat::f32:
-      case WeightFormat::bf16:
-        fill_float(values, dtype, out, in);
-        break;
-      case WeightFormat::fp8_block: {
-        const Fp8BlockShape shape{.rows = out, .cols = in};
-        data.resize(out * in);
-        scale.resize(shape.scale_count() * (scale_format == ScaleFormat::f32 ? 4 : 1));
-        quantize_fp8_block(values, shape, scale_format, data, scale);
-        w.data = TensorView::contiguous(data.data(), DType::f8_e4m3, {out, in}, Memory::host);
-        w.scale = TensorView::contiguous(scale.data(), scale_format == ScaleFormat::f32 ? DType::f32 : DType::f8_e8m0,
-                                         {shape.scale_rows(), shape.scale_cols()}, Memory::host);
-        break;
-      }
-      case WeightFormat::mxfp4:
-        data.resize(out * in / 2);
-        scale.resize(out * in / 32);
-        quantize_mxfp4(values, out, in, data, scale);
-        w.data = TensorView::contiguous(data.data(), DType::i8, {out, in / 2}, Memory::host);
-        w.scale = TensorView::contiguous(scale.data(), DType::f8_e8m0, {out, in / 32}, Memory::host);
-        break;
-      case WeightFormat::nvfp4:
-        data.resize(out * in / 2);
-        scale.resize(out * in / 16);
-        w.global_scale = quantize_nvfp4(values, out, in, data, scale);
-        w.data = TensorView::contiguous(data.data(), DType::u8, {out, in / 2}, Memory::host);
-        w.scale = TensorView::contiguous(scale.data(), DType::f8_e4m3, {out, in / 16}, Memory::host);
-        break;
-    }
-  }
-
-  void fill_float(const std::vector<float>& values, DType dtype, int64_t out, int64_t in) {
-    const size_t n = values.size();
-    if (dtype == DType::f32) {
-      data.resize(n * 4);
-      std::memcpy(data.data(), values.data(), n * 4);
-    } else {
-      data.resize(n * 2);
-      auto* bits = reinterpret_cast<uint16_t*>(data.data());
-      for (size_t i = 0; i < n; ++i) bits[i] = dtype == DType::bf16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
-    }
-    w.data = TensorView::contiguous(data.data(), dtype, {out, in}, Memory::host);
-  }
-};
-
 struct LinearCase {
   WeightFormat format;
   DType dtype;
@@ -97,14 +39,14 @@ class LinearFormats : public ::testing::TestWithParam<LinearCase> {};
 TEST_P(LinearFormats, MatchesReferenceDequantizer) {
   const LinearCase& c = GetParam();
   const int64_t out = 261, in = 320;
-  const OwnedWeight ow(c.format, c.dtype, out, in, 7, c.scale_format);
+  const OwnedWeight ow(random_normal(out * in, 7), out, in, c.format, c.dtype, c.scale_format);
   for (const int64_t tokens : {1, 3, 17}) {
     for (const RowRange range : {RowRange{}, RowRange{36, 150}}) {
       const int64_t rows = range.count < 0 ? out : range.count;
       const std::vector<float> x = random_normal(static_cast<size_t>(tokens * in), 11);
       std::vector<float> fast(tokens * rows, std::nanf("")), ref(tokens * rows, std::nanf(""));
-      linear(ow.w, rows_of(std::span<const float>(x), in), rows_of(std::span<float>(fast), rows), range);
-      linear_reference(ow.w, rows_of(std::span<const float>(x), in), rows_of(std::span<float>(ref), rows), range);
+      linear(ow.weight(), rows_of(std::span<const float>(x), in), rows_of(std::span<float>(fast), rows), range);
+      linear_reference(ow.weight(), rows_of(std::span<const float>(x), in), rows_of(std::span<float>(ref), rows), range);
       for (size_t i = 0; i < ref.size(); ++i) {
         ASSERT_TRUE(std::isfinite(ref[i]));
         ASSERT_NEAR(fast[i], ref[i], 1e-4f * (1.0f + std::fabs(ref[i]))) << c.name << " tokens " << tokens << " at " << i;
@@ -115,14 +57,14 @@ TEST_P(LinearFormats, MatchesReferenceDequantizer) {
 
 TEST_P(LinearFormats, DecodeRowEqualsReferenceRow) {
   const LinearCase& c = GetParam();
-  const OwnedWeight ow(c.format, c.dtype, 130, 256, 3, c.scale_format);
+  const OwnedWeight ow(random_normal(130 * 256, 3), 130, 256, c.format, c.dtype, c.scale_format);
   std::vector<float> row(256, std::nanf("")), one(256, 0.0f), ref(1);
   for (int64_t r : {0, 127, 128, 129}) {
-    decode_row(ow.w, r, row);
+    decode_row(ow.weight(), r, row);
     for (int64_t k = 0; k < 256; k += 37) {  // W[r, k] = W · e_k through the reference
       std::fill(one.begin(), one.end(), 0.0f);
       one[k] = 1.0f;
-      linear_reference(ow.w, rows_of(std::span<const float>(one), 256), Rows{ref.data(), 1, 1}, {r, 1});
+      linear_reference(ow.weight(), rows_of(std::span<const float>(one), 256), Rows{ref.data(), 1, 1}, {r, 1});
       EXPECT_EQ(row[k], ref[0]) << c.name << " row " << r << " col " << k;
     }
   }
@@ -139,11 +81,40 @@ INSTANTIATE_TEST_SUITE_P(
                       LinearCase{WeightFormat::nvfp4, DType::u8, ScaleFormat::ue8m0, "nvfp4"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Every e4m3 code but the two NaNs, and every e2m1 code, through the fast decoders
+// (unit scales) against base/dtype's conversions.
+TEST(Linear, DecodesEveryCode) {
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7f) != 0x7f) codes.push_back(static_cast<uint8_t>(c));
+  codes.resize(256, 0x38);  // pad to two 128-blocks with 1.0
+  TensorSpec spec{"codes.weight", {1, 256}, TensorRole::linear, WeightFormat::fp8_block};
+  const uint8_t unit_scales[2] = {127, 127};  // ue8m0 2^0
+  Weight w{&spec, WeightFormat::fp8_block, TensorView::contiguous(codes.data(), DType::f8_e4m3, {1, 256}, Memory::host),
+           TensorView::contiguous(unit_scales, DType::f8_e8m0, {1, 2}, Memory::host)};
+  std::vector<float> row(256);
+  decode_row(w, 0, row);
+  for (int k = 0; k < 256; ++k) EXPECT_EQ(row[k], e4m3_to_f32(codes[k])) << "code " << int(codes[k]);
+
+  std::vector<uint8_t> packed(16);  // 32 values: codes 0..15 twice
+  for (int i = 0; i < 16; ++i) packed[i] = pack_e2m1(static_cast<uint8_t>(i % 16), static_cast<uint8_t>((i + 7) % 16));
+  TensorSpec fp4{"fp4.weight", {1, 32}, TensorRole::linear, WeightFormat::mxfp4};
+  const uint8_t one = 127;
+  Weight m{&fp4, WeightFormat::mxfp4, TensorView::contiguous(packed.data(), DType::i8, {1, 16}, Memory::host),
+           TensorView::contiguous(&one, DType::f8_e8m0, {1, 1}, Memory::host)};
+  std::vector<float> values(32);
+  decode_row(m, 0, values);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(values[2 * i], e2m1_to_f32(static_cast<uint8_t>(i))) << i;
+    EXPECT_EQ(values[2 * i + 1], e2m1_to_f32(static_cast<uint8_t>((i + 7) % 16))) << i;
+  }
+}
+
 TEST(Linear, RejectsMismatchedRanges) {
-  const OwnedWeight ow(WeightFormat::f32, DType::f32, 8, 4, 1);
+  const OwnedWeight ow(random_normal(32, 1), 8, 4, WeightFormat::f32, DType::f32);
   std::vector<float> x(4, 1.0f), y(8);
-  KEEL_EXPECT_ERROR(linear(ow.w, ConstRows{x.data(), 1, 4}, Rows{y.data(), 1, 8}, RowRange{4, 8}), ErrorCode::usage);
-  KEEL_EXPECT_ERROR(linear(ow.w, ConstRows{x.data(), 1, 4}, Rows{y.data(), 2, 8}), ErrorCode::usage);
+  KEEL_EXPECT_ERROR(linear(ow.weight(), ConstRows{x.data(), 1, 4}, Rows{y.data(), 1, 8}, RowRange{4, 8}), ErrorCode::usage);
+  KEEL_EXPECT_ERROR(linear(ow.weight(), ConstRows{x.data(), 1, 4}, Rows{y.data(), 2, 8}), ErrorCode::usage);
 }
 
 // dsv4-forward.md §2.3 lists these f32 values for DeepSeek-V4-Flash.
