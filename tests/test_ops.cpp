@@ -15,6 +15,7 @@
 #include "ops/linear.h"
 #include "ops/moe.h"
 #include "ops/rope.h"
+#include "ops/sampling.h"
 #include "quant/fp8_block.h"
 #include "quant/mxfp4.h"
 #include "quant/nvfp4.h"
@@ -224,6 +225,58 @@ TEST(Moe, SwigluClampsGateAboveAndUpBothSides) {
   clamped_swiglu(gate, up, 1.0f);
   EXPECT_NEAR(gate[0], 1.0 / (1 + std::exp(-1.0)) * -1.0, 1e-6);  // gate 5 -> 1, up -9 -> -1
   EXPECT_NEAR(gate[1], -1.0 / (1 + std::exp(1.0)) * 0.5, 1e-6);   // gate below: unclamped
+}
+
+}  // namespace
+}  // namespace keel
+
+namespace keel {
+namespace {
+
+TEST(Sampling, GreedyIsArgmaxWithTiesToTheLowerId) {
+  Sampler s({});
+  const std::vector<float> logits{0.5f, 2.0f, 2.0f, -1.0f};
+  EXPECT_EQ(s.next(logits), 1);
+}
+
+TEST(Sampling, FollowsTheDistributionAtTemperatureOne) {
+  Sampler s({.temperature = 1.0f, .seed = 3});
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  std::vector<int> counts(3);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[s.next(logits)];
+  EXPECT_NEAR(counts[0] / double(n), 0.5, 0.02);
+  EXPECT_NEAR(counts[1] / double(n), 0.3, 0.02);
+  EXPECT_NEAR(counts[2] / double(n), 0.2, 0.02);
+}
+
+TEST(Sampling, FiltersKeepOnlyWhatTheyShould) {
+  const std::vector<float> logits{std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  const auto seen = [&](SamplingParams p) {
+    Sampler s(p);
+    std::vector<bool> hit(4);
+    for (int i = 0; i < 4000; ++i) hit[s.next(logits)] = true;
+    return hit;
+  };
+  EXPECT_EQ(seen({.temperature = 1, .top_k = 2, .seed = 1}), (std::vector<bool>{true, true, false, false}));
+  // top_p 0.7: 0.5 < 0.7, 0.5 + 0.3 >= 0.7 -> two tokens
+  EXPECT_EQ(seen({.temperature = 1, .top_p = 0.7f, .seed = 1}), (std::vector<bool>{true, true, false, false}));
+  // min_p 0.25: keeps p >= 0.125 -> three tokens
+  EXPECT_EQ(seen({.temperature = 1, .min_p = 0.25f, .seed = 1}), (std::vector<bool>{true, true, true, false}));
+  EXPECT_EQ(seen({.temperature = 1, .seed = 1}), (std::vector<bool>{true, true, true, true}));
+}
+
+TEST(Sampling, SameSeedSameTokens) {
+  const std::vector<float> logits = random_normal(50, 9);
+  Sampler a({.temperature = 0.9f, .top_p = 0.95f, .seed = 42}), b({.temperature = 0.9f, .top_p = 0.95f, .seed = 42});
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(a.next(logits), b.next(logits));
+}
+
+TEST(Sampling, RejectsBadParameters) {
+  KEEL_EXPECT_ERROR(Sampler({.temperature = -1}), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(Sampler({.top_k = -2}), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(Sampler({.top_p = 0}), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(Sampler({.min_p = 1.5f}), ErrorCode::bad_input);
 }
 
 }  // namespace
