@@ -28,9 +28,12 @@ std::string_view name(ErrorCode code) {
       "header_entry",  "unknown_dtype", "byte_size_mismatch", "out_of_bounds", "overlap",
       "duplicate_tensor", "index_json", "index_mismatch",  "missing_tensor",   "config_json",
       "config_missing", "config_type", "config_value",     "unsupported_model", "weights_mismatch",
+      "kernel_plan",
+      "tokenizer_json", "tokenizer_unsupported",
       "bad_input",
+      "chat_request",
   };
-  static_assert(kNames.size() == static_cast<size_t>(ErrorCode::bad_input) + 1);
+  static_assert(kNames.size() == static_cast<size_t>(ErrorCode::chat_request) + 1);
   return kNames.at(static_cast<size_t>(code));
 }
 

@@ -33,8 +33,15 @@ enum class ErrorCode {
   unsupported_model,   // a model we recognise but do not run (e.g. a DSpark drafter)
   // weights against the config
   weights_mismatch,    // expected tensors absent or of the wrong shape/dtype (all listed)
+  // the kernel plan
+  kernel_plan,         // no kernel, or not the one chosen, can run an op (layer, role, op, arch named)
+  // tokenizer.json / tokenizer_config.json
+  tokenizer_json,      // malformed, or a field missing or of the wrong type
+  tokenizer_unsupported,  // a component type or option keel does not implement (named)
   // running the model
   bad_input,           // token ids out of range, an empty prompt, a context past the maximum
+  // chat requests
+  chat_request,        // OpenAI messages/tools malformed (the field is named, e.g. messages[2].role)
 };
 
 std::string_view name(ErrorCode code);
