@@ -3,22 +3,7 @@
 # the file. Run by CTest with -DKEEL=<binary> -DWORK=<scratch dir>.
 file(REMOVE_RECURSE ${WORK})
 
-function(run_keel expect_ok out_var)
-  execute_process(COMMAND ${KEEL} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(expect_ok AND NOT rc EQUAL 0)
-    message(FATAL_ERROR "keel ${ARGN} failed (${rc}):\n${out}${err}")
-  elseif(NOT expect_ok AND rc EQUAL 0)
-    message(FATAL_ERROR "keel ${ARGN} should have failed:\n${out}${err}")
-  endif()
-  set(${out_var} "${out}${err}" PARENT_SCOPE)
-endfunction()
-
-function(expect_text text pattern)
-  string(FIND "${text}" "${pattern}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "expected '${pattern}' in:\n${text}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/cli_common.cmake)
 
 run_keel(TRUE out synth --shape tiny --seed 2 --out ${WORK}/tiny)
 expect_text("${out}" "tensors")

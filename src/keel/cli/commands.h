@@ -7,5 +7,11 @@ namespace keel::cli {
 
 void add_synth(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_plan(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_logits(CLI::App& app);
+void add_run(CLI::App& app);
+void add_bench(CLI::App& app);
+void add_perplexity(CLI::App& app);
 
 }  // namespace keel::cli

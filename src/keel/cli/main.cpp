@@ -10,6 +10,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   keel::cli::add_synth(app);
   keel::cli::add_inspect(app);
+  keel::cli::add_plan(app);
+  keel::cli::add_tokenize(app);
+  keel::cli::add_logits(app);
+  keel::cli::add_run(app);
+  keel::cli::add_bench(app);
+  keel::cli::add_perplexity(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

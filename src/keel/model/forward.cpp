@@ -21,23 +21,25 @@ using Buffer = std::vector<float>;
 // What every step of one forward call needs.
 struct Step {
   const ModelConfig& c;
-  const Rope& rope;  // of the layer being run
+  const LayerKernels& k;  // what the plan chose for this layer
+  const Rope& rope;       // of the layer being run
   int64_t start;     // position of the chunk's first token
   int64_t count;     // S
   std::span<const int32_t> tokens;
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
 };
 
-Buffer project(const Weight& w, ConstRows x) {
+Buffer project(LayerKernels::Linear* kernel, const Weight& w, ConstRows x) {
   Buffer y(static_cast<size_t>(x.count * out_features(w)));
-  linear(w, x, rows_of(std::span<float>(y), out_features(w)));
+  kernel(w, x, rows_of(std::span<float>(y), out_features(w)), {});
   return y;
 }
+Buffer project(const Step& s, const Weight& w, ConstRows x) { return project(s.k.linear_for(w), w, x); }
 
-void norm_rows(Buffer& x, int64_t width, std::span<const float> weight, float eps) {
+void norm_rows(const Step& s, Buffer& x, int64_t width, std::span<const float> weight) {
   for (size_t r = 0; r < x.size(); r += width) {
     std::span<float> row(x.data() + r, width);
-    rms_norm(row, weight, eps, row);
+    s.k.norm(row, weight, s.eps(), row);
   }
 }
 
@@ -69,8 +71,8 @@ void close_window(const Step& s, const CompressorWeights& w, CompressorState& st
     }
   }
   Buffer entry(dim);
-  pool_slots(kv, gate, static_cast<int>(kv.size() / dim), dim, entry);
-  rms_norm(entry, w.norm, s.eps(), entry);
+  s.k.pool(kv, gate, static_cast<int>(kv.size() / dim), dim, entry);
+  s.k.norm(entry, w.norm, s.eps(), entry);
   s.rope.apply(entry, st.count * m);  // an entry sits at its window's start
   st.entries.insert(st.entries.end(), entry.begin(), entry.end());
   ++st.count;
@@ -80,7 +82,7 @@ void close_window(const Step& s, const CompressorWeights& w, CompressorState& st
 }
 
 void compress(const Step& s, const CompressorWeights& w, CompressorState& st, ConstRows x) {
-  const Buffer kv = project(*w.wkv, x), gate = project(*w.wgate, x);
+  const Buffer kv = project(s, *w.wkv, x), gate = project(s, *w.wgate, x);
   const int width = w.width();
   for (int64_t t = 0; t < s.count; ++t) {
     st.pending_kv.insert(st.pending_kv.end(), &kv[t * width], &kv[(t + 1) * width]);
@@ -99,11 +101,11 @@ struct Queries {
 
 Queries queries(const Step& s, const AttentionWeights& a, ConstRows x) {
   const ModelConfig& c = s.c;
-  Queries r{project(*a.wq_a, x)};
-  norm_rows(r.qr, c.q_lora_rank, a.q_norm, s.eps());
-  r.q = project(*a.wq_b, rows_of(std::span<const float>(r.qr), c.q_lora_rank));
-  r.kv = project(*a.wkv, x);
-  norm_rows(r.kv, c.head_dim, a.kv_norm, s.eps());
+  Queries r{project(s, *a.wq_a, x)};
+  norm_rows(s, r.qr, c.q_lora_rank, a.q_norm);
+  r.q = project(s, *a.wq_b, rows_of(std::span<const float>(r.qr), c.q_lora_rank));
+  r.kv = project(s, *a.wkv, x);
+  norm_rows(s, r.kv, c.head_dim, a.kv_norm);
   const int64_t heads = c.num_attention_heads, hd = c.head_dim;
   for (int64_t t = 0; t < s.count; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -124,7 +126,8 @@ struct IndexQueries {
 
 IndexQueries index_queries(const Step& s, const IndexerWeights& w, const Buffer& qr, ConstRows x) {
   const ModelConfig& c = s.c;
-  IndexQueries r{project(*w.wq_b, rows_of(std::span<const float>(qr), c.q_lora_rank)), project(*w.weights_proj, x)};
+  IndexQueries r{project(s, *w.wq_b, rows_of(std::span<const float>(qr), c.q_lora_rank)),
+                 project(s, *w.weights_proj, x)};
   const int64_t stride = int64_t{c.index_n_heads} * c.index_head_dim;
   for (int64_t t = 0; t < s.count; ++t) {
     s.rope.apply_heads(std::span<float>(&r.q[t * stride], stride), c.index_head_dim, s.start + t);
@@ -152,7 +155,7 @@ std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, cons
   }
   const int64_t t = position - s.start;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  const auto picked = indexer_select(std::span(&iq->q[t * nI * dI], nI * dI), std::span(&iq->weights[t * nI], nI),
+  const auto picked = s.k.index(std::span(&iq->q[t * nI * dI], nI * dI), std::span(&iq->weights[t * nI], nI),
                                      c.index_n_heads, c.index_head_dim, st.indexer.entries, visible, c.index_topk);
   for (int64_t w : picked) keys.push_back(entries + w * hd);
   return keys;
@@ -183,6 +186,7 @@ Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, Const
   for (int64_t t = 0; t < s.count; ++t) {
     const auto keys = key_set(s, a, st, qs, a.indexer ? &iq : nullptr, s.start + t);
     std::span<float> out(&o[t * H * hd], H * hd);
+    const auto attend = s.count == 1 ? s.k.attend_decode : s.k.attend_prefill;
     attend(std::span(&qs.q[t * H * hd], H * hd), H, hd, keys, a.sinks, scale, out);
     s.rope.apply_heads(out, hd, s.start + t, /*inverse=*/true);  // V carried K's rotation
   }
@@ -192,25 +196,27 @@ Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, Const
   const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
   Buffer u(static_cast<size_t>(s.count * G * r));
   for (int64_t g = 0; g < G; ++g) {
-    linear(*a.wo_a, ConstRows{o.data() + g * group_in, s.count, H * hd}, Rows{u.data() + g * r, s.count, G * r},
-           RowRange{g * r, r});
+    s.k.linear_for(*a.wo_a)(*a.wo_a, ConstRows{o.data() + g * group_in, s.count, H * hd},
+                            Rows{u.data() + g * r, s.count, G * r}, RowRange{g * r, r});
   }
-  return project(*a.wo_b, rows_of(std::span<const float>(u), G * r));
+  return project(s, *a.wo_b, rows_of(std::span<const float>(u), G * r));
 }
 
 // --- MoE (§6) ----------------------------------------------------------------------------
 
-// acc.row(t) += weight_t · down(clamped_swiglu(gate(x_t), up(x_t))) for the rows `rows`.
-void run_expert(const Step& s, const ExpertWeights& e, ConstRows x, const std::vector<int64_t>& rows,
+// acc.row(t) += weight_t · down(clamped_swiglu(gate(x_t), up(x_t))) for the rows `rows`;
+// routed experts through the plan's MoE kernel, the shared expert through its dense one.
+void run_expert(const Step& s, const ExpertWeights& e, bool routed, ConstRows x, const std::vector<int64_t>& rows,
                 const std::vector<float>& weights, Buffer& acc) {
   const int64_t D = s.c.hidden_size, I = s.c.moe_intermediate_size, n = static_cast<int64_t>(rows.size());
   Buffer xs(static_cast<size_t>(n * D));
   for (int64_t i = 0; i < n; ++i) std::copy_n(x.row(rows[i]), D, &xs[i * D]);
   const ConstRows in = rows_of(std::span<const float>(xs), D);
-  Buffer g = project(*e.w1, in);
-  const Buffer u = project(*e.w3, in);
+  const auto kernel = [&](const Weight& w) { return routed ? s.k.expert_for(w) : s.k.linear_for(w); };
+  Buffer g = project(kernel(*e.w1), *e.w1, in);
+  const Buffer u = project(kernel(*e.w3), *e.w3, in);
   clamped_swiglu(g, u, static_cast<float>(s.c.swiglu_limit));
-  const Buffer y = project(*e.w2, rows_of(std::span<const float>(g), I));
+  const Buffer y = project(kernel(*e.w2), *e.w2, rows_of(std::span<const float>(g), I));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t d = 0; d < D; ++d) acc[rows[i] * D + d] += weights[i] * y[i * D + d];
   }
@@ -219,7 +225,7 @@ void run_expert(const Step& s, const ExpertWeights& e, ConstRows x, const std::v
 Buffer moe(const Step& s, const MoeWeights& m, ConstRows x) {
   const ModelConfig& c = s.c;
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
-  Buffer scores = project(*m.gate, x);
+  Buffer scores = project(s, *m.gate, x);
   std::vector<std::vector<int64_t>> rows(E);
   std::vector<std::vector<float>> weights(E);
   for (int64_t t = 0; t < s.count; ++t) {
@@ -235,11 +241,11 @@ Buffer moe(const Step& s, const MoeWeights& m, ConstRows x) {
   }
   Buffer out(static_cast<size_t>(s.count * c.hidden_size), 0.0f);
   for (int64_t e = 0; e < E; ++e) {
-    if (!rows[e].empty()) run_expert(s, m.experts[e], x, rows[e], weights[e], out);
+    if (!rows[e].empty()) run_expert(s, m.experts[e], true, x, rows[e], weights[e], out);
   }
   std::vector<int64_t> all(s.count);
   for (int64_t t = 0; t < s.count; ++t) all[t] = t;
-  run_expert(s, m.shared, x, all, std::vector<float>(s.count, 1.0f), out);
+  run_expert(s, m.shared, false, x, all, std::vector<float>(s.count, 1.0f), out);
   return out;
 }
 
@@ -255,10 +261,10 @@ void hyper_block(const Step& s, const HyperParams& hp, const HyperSite& site, st
 #pragma omp parallel for if (s.count > 1)
   for (int64_t t = 0; t < s.count; ++t) {
     const std::span<const float> token(&streams[t * width], width);
-    mixes[t] = hyper_mix(hp, site, token);
+    mixes[t] = s.k.mix(hp, site, token);
     std::span<float> xt(&x[t * D], D);
     hyper_collapse(hp, mixes[t].pre, token, xt);
-    rms_norm(xt, norm, s.eps(), xt);
+    s.k.norm(xt, norm, s.eps(), xt);
   }
   const Buffer y = sublayer(rows_of(std::span<const float>(x), D));
 #pragma omp parallel for if (s.count > 1)
@@ -294,19 +300,22 @@ void check_tokens(const ModelConfig& c, const Sequence& seq, std::span<const int
 std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
   const ModelConfig& c = config_;
   check_tokens(c, seq, tokens);
+  top_kernels_.check(Arch::cpu);
   const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
   const HyperParams hp = hyper_params(c);
   const int64_t width = hp.hc * D;
 
   Buffer streams(static_cast<size_t>(S * width));  // [S, hc, D]: the embedding in every stream
   for (int64_t t = 0; t < S; ++t) {
-    decode_row(*tensors_.embed, tokens[t], std::span(&streams[t * width], D));
+    top_kernels_.embedding(*tensors_.embed, tokens[t], std::span(&streams[t * width], D));
     for (int j = 1; j < hp.hc; ++j) std::copy_n(&streams[t * width], D, &streams[t * width + j * D]);
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = tensors_.layers[l];
+    const LayerKernels& k = layer_kernels_[l];
+    k.check(Arch::cpu);
     const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, rope, seq.length, S, tokens};
+    const Step s{c, k, rope, seq.length, S, tokens};
     LayerState& st = seq.layers[l];
     hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, st, x); });
     hyper_block(s, hp, L.hc_ffn, L.ffn_norm, streams, [&](ConstRows x) { return moe(s, L.ffn, x); });
@@ -318,10 +327,11 @@ std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens
   for (int64_t t = 0; t < n; ++t) {
     std::span<float> ht(&h[t * D], D);
     hyper_head(hp, tensors_.hc_head, std::span(&streams[(first + t) * width], width), ht);
-    rms_norm(ht, tensors_.norm, static_cast<float>(c.rms_norm_eps), ht);
+    top_kernels_.norm(ht, tensors_.norm, static_cast<float>(c.rms_norm_eps), ht);
   }
   Buffer logits(static_cast<size_t>(n * V));
-  linear(*tensors_.head, rows_of(std::span<const float>(h), D), rows_of(std::span<float>(logits), V));
+  top_kernels_.linear_for(*tensors_.head)(*tensors_.head, rows_of(std::span<const float>(h), D),
+                                         rows_of(std::span<float>(logits), V), {});
   return logits;
 }
 

@@ -47,9 +47,15 @@ uint64_t Sequence::state_bytes() const {
   return bytes;
 }
 
-std::unique_ptr<Model> Model::load(const std::string& directory, const Progress& progress) {
+std::unique_ptr<Model> Model::load(const std::string& directory, const Progress& progress,
+                                   const BackendChoices& target, const BackendChoices& draft) {
   std::unique_ptr<Model> m(new Model);
   m->config_ = load_config(directory);
+  m->plan_ = resolve_plan({.config = m->config_, .arch = Arch::cpu, .target = target, .draft = draft});
+  m->top_kernels_ = bind_kernels(m->plan_, -1, ModelRole::target);
+  for (int l = 0; l < m->config_.num_hidden_layers; ++l) {
+    m->layer_kernels_.push_back(bind_kernels(m->plan_, l, ModelRole::target));
+  }
   m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(directory));
   m->weights_ = std::make_unique<ModelWeights>(ModelWeights::bind(*m->checkpoint_, m->config_));
   m->tensors_ = gather_tensors(*m->weights_, m->config_);

@@ -15,6 +15,7 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/kernels.h"
 #include "model/layers.h"
 #include "model/sequence.h"
 #include "model/weights.h"
@@ -29,14 +30,17 @@ class Model {
   // Called while weights are read in: bytes done, bytes total.
   using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
-  // Opens DIRECTORY (config.json + safetensors), binds and checks every tensor.
-  // With `progress`, also reads every weight page once (so the first tokens do not
-  // pay for page faults) and reports as it goes.
-  static std::unique_ptr<Model> load(const std::string& directory, const Progress& progress = {});
+  // Opens DIRECTORY (config.json + safetensors), resolves the kernel plan for the CPU
+  // (with the user's backend choices) before reading any weight, then binds and checks
+  // every tensor. With `progress`, also reads every weight page once (so the first
+  // tokens do not pay for page faults) and reports as it goes.
+  static std::unique_ptr<Model> load(const std::string& directory, const Progress& progress = {},
+                                     const BackendChoices& target = {}, const BackendChoices& draft = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return *weights_; }
   const ModelTensors& tensors() const { return tensors_; }
+  const Plan& plan() const { return plan_; }
 
   Sequence new_sequence() const;
 
@@ -58,6 +62,9 @@ class Model {
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<ModelWeights> weights_;
   ModelTensors tensors_;
+  Plan plan_;
+  LayerKernels top_kernels_;                 // embedding, hc_head, final norm, lm_head
+  std::vector<LayerKernels> layer_kernels_;  // trunk layers
   Rope rope_main_;      // sliding layers
   Rope rope_compress_;  // CSA / HCA layers
 };

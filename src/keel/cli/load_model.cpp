@@ -1,0 +1,42 @@
+#include "cli/load_model.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fmt/format.h>
+
+namespace keel::cli {
+
+void add_kernel_options(CLI::App* cmd, KernelOptions& o) {
+  for (const Backend b : all_backends()) {
+    cmd->add_option(flag(b, ModelRole::target), o.target[b], "Kernel for the target's ops of this kind (default auto)");
+    cmd->add_option(flag(b, ModelRole::draft), o.draft[b], "Kernel for the draft (MTP) layers (default: as the target)");
+  }
+  cmd->add_flag("--verbose", o.verbose, "Print the whole kernel plan");
+}
+
+std::unique_ptr<Model> load_model(const std::string& directory, bool quiet, const KernelOptions& kernels) {
+  const auto start = std::chrono::steady_clock::now();
+  Model::Progress progress;
+  if (!quiet) {
+    // At most a few updates a second: a line per percent would flood a log.
+    progress = [last = start](uint64_t done, uint64_t total) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (done < total && now - last < std::chrono::milliseconds(200)) return;
+      last = now;
+      fmt::print(stderr, "\rloading weights: {:3.0f}% ({:.1f} / {:.1f} MiB)", total ? 100.0 * done / total : 100.0,
+                 done / 1048576.0, total / 1048576.0);
+      std::fflush(stderr);
+    };
+  }
+  auto model = Model::load(directory, progress, kernels.target, kernels.draft);
+  if (!quiet) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(stderr, "\r{:<60}\rloaded {} ({} layers, {:.1f} MiB) in {:.2f} s\n", "", directory, model->config().num_hidden_layers,
+               model->weights().stored_bytes() / 1048576.0, s);
+    fmt::print(stderr, "{}\n", model->plan().summary());
+  }
+  if (kernels.verbose) fmt::print(stderr, "{}", model->plan().table());
+  return model;
+}
+
+}  // namespace keel::cli
