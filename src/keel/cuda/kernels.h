@@ -3,8 +3,7 @@
 // Each CUDA source that defines kernels also defines a `register_<family>(Registry&)`
 // beside them, adding one KernelInfo per kernel with its entry point, the exact archs it
 // runs on (what its source supports, intersected with what this build compiled:
-// KEEL_CUDA_ARCHS) and the formats it takes; kernels.cu calls each of them. No CUDA
-// kernel exists yet, so none is registered.
+// KEEL_CUDA_ARCHS) and the formats it takes; kernels.cu calls each of them.
 #pragma once
 
 #include "plan/kernel_registry.h"

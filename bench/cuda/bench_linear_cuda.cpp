@@ -1,0 +1,103 @@
+// The CUDA decode matrix kernel per stored format on DeepSeek-V4-Flash shapes, next to
+// the device copy bandwidth measured in the same run (cudaMemcpy device to device:
+// bytes read + bytes written per second). Prints one row per case.
+//
+//   keel_gpu_bench [--iters N]
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/linear.h"
+#include "model/owned_weight.h"
+
+namespace {
+
+void check(cudaError_t e) {
+  if (e != cudaSuccess) {
+    fmt::print(stderr, "CUDA error: {}\n", cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <typename F>
+double seconds(F&& body, int iters) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start));
+  check(cudaEventCreate(&stop));
+  body();  // warm up
+  check(cudaEventRecord(start));
+  for (int i = 0; i < iters; ++i) body();
+  check(cudaEventRecord(stop));
+  check(cudaEventSynchronize(stop));
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop));
+  return ms / 1e3 / iters;
+}
+
+std::vector<float> normal(size_t n) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 50;
+  if (argc == 3 && std::string(argv[1]) == "--iters") iters = std::atoi(argv[2]);
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0));
+
+  const size_t copy_bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, copy_bytes));
+  check(cudaMalloc(&b, copy_bytes));
+  check(cudaMemset(a, 1, copy_bytes));
+  const double copy_s = seconds([&] { check(cudaMemcpy(b, a, copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_bw = 2.0 * copy_bytes / copy_s;
+  cudaFree(a);
+  cudaFree(b);
+  fmt::print("device: {} (sm_{}{}), copy bandwidth {:.0f} GB/s (read + write, {} GiB)\n", prop.name, prop.major,
+             prop.minor, copy_bw / 1e9, copy_bytes >> 30);
+  fmt::print("{:<28} {:>12} {:>10} {:>10} {:>8}\n", "case (out x in, format)", "weight MiB", "us", "GB/s", "of copy");
+
+  struct Case {
+    const char* name;
+    int64_t out, in;
+    keel::WeightFormat format;
+    keel::DType dtype;
+  };
+  // Flash shapes: q_b (32768 x 1024), o_b (4096 x 8192), an expert's w1 (2048 x 4096),
+  // lm_head (129280 x 4096, bf16).
+  const Case cases[] = {
+      {"wq_b fp8", 32768, 1024, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      {"wo_b fp8", 4096, 8192, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      {"expert w1 mxfp4", 2048, 4096, keel::WeightFormat::mxfp4, keel::DType::i8},
+      {"expert w1 x 48 mxfp4", 2048 * 48, 4096, keel::WeightFormat::mxfp4, keel::DType::i8},
+      {"expert w1 x 48 nvfp4", 2048 * 48, 4096, keel::WeightFormat::nvfp4, keel::DType::u8},
+      {"lm_head bf16", 129280, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
+  };
+  for (const Case& c : cases) {
+    const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
+    keel::cuda::DeviceWeight w = keel::cuda::upload(host.weight());
+    float *x = nullptr, *y = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&x), c.in * sizeof(float)));
+    check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
+    check(cudaMemset(x, 0, c.in * sizeof(float)));
+    const double s = seconds([&] { keel::cuda::linear(w, x, y, 1); }, iters);
+    check(cudaDeviceSynchronize());
+    const double bw = w.bytes / s;
+    fmt::print("{:<28} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}%\n", fmt::format("{} ({}x{})", c.name, c.out, c.in),
+               w.bytes / 1048576.0, s * 1e6, bw / 1e9, 100 * bw / copy_bw);
+    keel::cuda::release(w);
+    cudaFree(x);
+    cudaFree(y);
+  }
+  return 0;
+}

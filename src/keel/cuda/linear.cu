@@ -1,0 +1,224 @@
+#include "cuda/linear.h"
+
+#include "plan/kernel_registry.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+
+namespace keel::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kRowsPerWarp = 4;  // rows share each lane's slice of x, read once
+constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
+
+// Exact decoders (as ops/linear.cpp): bits placed in an f32 and rebiased.
+__device__ __forceinline__ float e4m3(uint32_t b) {
+  return __uint_as_float((b & 0x80u) << 24 | (b & 0x7fu) << 20) * 0x1p120f;
+}
+__device__ __forceinline__ float e2m1(uint32_t nibble) {
+  return __uint_as_float((nibble & 0x8u) << 28 | (nibble & 0x7u) << 22) * 0x1p126f;
+}
+__device__ __forceinline__ float ue8m0(uint32_t b) {
+  return b == 0 ? 0x1p-127f : b == 255 ? __uint_as_float(0x7fc00000u) : __uint_as_float(b << 23);
+}
+
+// The stored row is read 16 bytes per lane per step; each format says how many values
+// such a chunk holds and how to add their products with x.
+
+template <WeightFormat F, DType T>
+struct Format;
+
+template <>
+struct Format<WeightFormat::f32, DType::f32> {
+  static constexpr int kValues = 4;
+  __device__ static float dot(const DeviceWeight&, int64_t, int64_t, uint4 c, const float* x) {
+    return __uint_as_float(c.x) * x[0] + __uint_as_float(c.y) * x[1] + __uint_as_float(c.z) * x[2] +
+           __uint_as_float(c.w) * x[3];
+  }
+};
+
+template <>
+struct Format<WeightFormat::bf16, DType::bf16> {
+  static constexpr int kValues = 8;
+  __device__ static float dot(const DeviceWeight&, int64_t, int64_t, uint4 c, const float* x) {
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s += __uint_as_float(w[i] << 16) * x[2 * i] + __uint_as_float(w[i] & 0xffff0000u) * x[2 * i + 1];
+    return s;
+  }
+};
+
+template <>
+struct Format<WeightFormat::fp8_block, DType::f8_e4m3> {
+  static constexpr int kValues = 16;  // within one 128-wide scale block
+  __device__ static float dot(const DeviceWeight& w, int64_t row, int64_t k, uint4 c, const float* x) {
+    const int64_t index = (row / 128) * w.scale_cols + k / 128;
+    const float scale = w.f32_scales ? reinterpret_cast<const float*>(w.scale)[index] : ue8m0(w.scale[index]);
+    const uint32_t v[4] = {c.x, c.y, c.z, c.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s += e4m3((v[i / 4] >> (8 * (i % 4))) & 0xffu) * x[i];
+    return s * scale;
+  }
+};
+
+// MXFP4 and NVFP4: 32 e2m1 values per chunk, one MX scale or two NV scales.
+template <WeightFormat F>
+struct Fp4 {
+  static constexpr int kValues = 32;
+  __device__ static float dot(const DeviceWeight& w, int64_t row, int64_t k, uint4 c, const float* x) {
+    const uint32_t v[4] = {c.x, c.y, c.z, c.w};
+    float half[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) half[i / 16] += e2m1((v[i / 8] >> (4 * (i % 8))) & 0xfu) * x[i];
+    if constexpr (F == WeightFormat::mxfp4) {
+      return (half[0] + half[1]) * ue8m0(w.scale[(row * w.in + k) / 32]);
+    } else {
+      const uint8_t* s = w.scale + (row * w.in + k) / 16;
+      return (half[0] * float_of_e4m3(s[0]) + half[1] * float_of_e4m3(s[1])) * w.global_scale;
+    }
+  }
+  __device__ static float float_of_e4m3(uint8_t b) { return e4m3(b); }
+};
+template <>
+struct Format<WeightFormat::mxfp4, DType::i8> : Fp4<WeightFormat::mxfp4> {};
+template <>
+struct Format<WeightFormat::nvfp4, DType::u8> : Fp4<WeightFormat::nvfp4> {};
+
+// Bytes per stored value, times two for fp4 (two values per byte).
+template <WeightFormat F, DType T>
+__host__ __device__ constexpr int64_t row_bytes(int64_t in) {
+  if constexpr (F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4) return in / 2;
+  if constexpr (T == DType::f32) return in * 4;
+  if constexpr (T == DType::bf16) return in * 2;
+  return in;
+}
+
+// A warp computes kRowsPerWarp output rows: lanes stride over 16-byte chunks of the
+// rows, keep the matching slice of x in registers for all of them, sum in f32, then
+// reduce across the warp. Needs in % kValues == 0.
+template <WeightFormat F, DType T>
+__global__ void gemv(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens) {
+  using Fmt = Format<F, T>;
+  constexpr int V = Fmt::kValues;
+  const int64_t first = (int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (first >= w.out) return;
+  const int rows = static_cast<int>(min(int64_t{kRowsPerWarp}, w.out - first));
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t n = w.in / V, stride = row_bytes<F, T>(w.in);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* xt = x + t * w.in;
+    float sum[kRowsPerWarp] = {};
+    for (int64_t c = lane; c < n; c += kWarp) {
+      float xs[V];
+#pragma unroll
+      for (int i = 0; i < V; i += 4) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(xt + c * V + i));
+        xs[i] = v.x, xs[i + 1] = v.y, xs[i + 2] = v.z, xs[i + 3] = v.w;
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        if (r < rows) {
+          const uint4 chunk = __ldg(reinterpret_cast<const uint4*>(base + (first + r) * stride) + c);
+          sum[r] += Fmt::dot(w, first + r, c * V, chunk, xs);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], offset);
+      if (lane == 0 && r < rows) y[t * w.out + first + r] = sum[r];
+    }
+  }
+}
+
+template <WeightFormat F, DType T>
+void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
+  if (w.in % Format<F, T>::kValues != 0) {
+    throw std::runtime_error("cuda::linear: in_features " + std::to_string(w.in) + " is not a multiple of " +
+                             std::to_string(Format<F, T>::kValues));
+  }
+  const auto blocks = static_cast<unsigned>((w.out + kRowsPerBlock - 1) / kRowsPerBlock);
+  gemv<F, T><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(w, x, y, tokens);
+  check(cudaGetLastError(), "gemv launch");
+}
+
+}  // namespace
+
+DeviceWeight upload(const Weight& w) {
+  DeviceWeight d;
+  d.format = w.format;
+  d.dtype = w.data.dtype;
+  d.out = w.spec->shape[0];
+  d.in = w.spec->shape[1];
+  d.global_scale = w.global_scale;
+  d.f32_scales = w.scale_format == ScaleFormat::f32;
+  void* data = nullptr;
+  check(cudaMalloc(&data, w.data.nbytes()), "cudaMalloc");
+  check(cudaMemcpy(data, w.data.data, w.data.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  d.data = data;
+  d.bytes = w.data.nbytes();
+  if (w.scale.data) {
+    void* scale = nullptr;
+    check(cudaMalloc(&scale, w.scale.nbytes()), "cudaMalloc");
+    check(cudaMemcpy(scale, w.scale.data, w.scale.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    d.scale = static_cast<const uint8_t*>(scale);
+    d.scale_cols = w.scale.shape.size() > 1 ? w.scale.shape[1] : 0;
+    d.bytes += w.scale.nbytes();
+  }
+  return d;
+}
+
+void release(DeviceWeight& w) {
+  cudaFree(const_cast<void*>(w.data));
+  cudaFree(const_cast<uint8_t*>(w.scale));
+  w = {};
+}
+
+void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (w.format) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16:
+      if (w.dtype == DType::f32) return launch<WeightFormat::f32, DType::f32>(w, x, y, tokens, stream);
+      if (w.dtype == DType::bf16) return launch<WeightFormat::bf16, DType::bf16>(w, x, y, tokens, stream);
+      break;
+    case WeightFormat::fp8_block: return launch<WeightFormat::fp8_block, DType::f8_e4m3>(w, x, y, tokens, stream);
+    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4, DType::i8>(w, x, y, tokens, stream);
+    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4, DType::u8>(w, x, y, tokens, stream);
+  }
+  throw std::runtime_error("cuda::linear: no kernel for this weight dtype");
+}
+
+void register_linear(Registry& registry) {
+  // Plain CUDA, no arch-specific instructions: the build's sm_80 code (SASS, and PTX
+  // that newer GPUs compile at load) runs on every supported GPU.
+  const auto gemv = [&](Op op) {
+    KernelInfo k{.name = "cuda_gemv",
+                 .op = op,
+                 .archs = ArchSet::gpus_from(Arch::sm_80),
+                 .formats = {WeightFormat::bf16, WeightFormat::f32, WeightFormat::fp8_block, WeightFormat::mxfp4,
+                             WeightFormat::nvfp4},
+                 .activations = {Activation::f32},
+                 .priority = 1,
+                 .summary = "decode GEMV, one warp per 4 rows, weights dequantized in registers"};
+    registry.add(std::move(k.with_entry(&linear)));
+  };
+  gemv(Op::dense_gemm);
+  gemv(Op::moe_gemm);
+  gemv(Op::lm_head);
+}
+
+}  // namespace keel::cuda

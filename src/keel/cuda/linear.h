@@ -1,0 +1,37 @@
+// y = x · Wᵀ on the GPU over a weight in its stored format (f32, bf16, FP8 128x128
+// block-scaled, MXFP4, NVFP4), dequantized in registers: the CUDA counterpart of
+// ops/linear.h, tested against it. Plain CUDA cores (no tensor cores): this is the
+// decode path, bound by reading the weight once; it runs on sm_80 and later.
+// Activations and outputs are f32 [tokens, in] / [tokens, out] in device memory.
+#pragma once
+
+#include <cstdint>
+
+#include "model/weights.h"
+#include "plan/kernel_registry.h"
+
+namespace keel::cuda {
+
+// A weight copied to device memory, with what the kernel needs to read it.
+struct DeviceWeight {
+  WeightFormat format = WeightFormat::bf16;
+  DType dtype = DType::bf16;          // stored dtype of `data`
+  const void* data = nullptr;          // device
+  const uint8_t* scale = nullptr;      // device; fp8_block / mxfp4 / nvfp4
+  bool f32_scales = false;             // fp8_block with f32 scales
+  float global_scale = 1.0f;           // nvfp4
+  int64_t out = 0, in = 0;
+  int64_t scale_cols = 0;              // fp8_block: scale blocks per row
+  uint64_t bytes = 0;                  // stored bytes (data + scales)
+};
+
+DeviceWeight upload(const Weight& w);  // throws std::runtime_error on CUDA failure
+void release(DeviceWeight& w);
+
+// y[t, o] = Σ_k x[t, k] · W[o, k]. Asynchronous on `stream` (0: the default stream).
+void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream = nullptr);
+
+// Adds this family's kernels to the registry (called from cuda/kernels.cu).
+void register_linear(Registry& registry);
+
+}  // namespace keel::cuda
