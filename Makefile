@@ -19,11 +19,14 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Until the demo model exists: write a small random DSV4 checkpoint with `keel synth`
-# and read it back, validating every tensor against the config.
+# Generation on the CPU with the demo model (models/keel-tiny-v4, a 16M-parameter
+# DeepSeek-V4-architecture model trained for keel, FP8 dense + MXFP4 experts), then its
+# speed next to this machine's memory bandwidth.
+PROMPT ?= It was a fine morning, and Elizabeth
 run: build
-	$(BUILD)/keel synth --shape tiny --out $(BUILD)/models/tiny-random --seed 1
-	$(BUILD)/keel inspect --model $(BUILD)/models/tiny-random
+	$(BUILD)/keel run --model models/keel-tiny-v4 --prompt "$(PROMPT)" --max-tokens 80 \
+	  --temperature 0.8 --top-p 0.9 --seed 1
+	$(BUILD)/keel bench --model models/keel-tiny-v4 --prompt 256 --decode 64
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
