@@ -269,6 +269,31 @@ float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Four tokens against one decoded row: each row load feeds four products (prefill).
+void dot4(const float* row, const float* x0, const float* x1, const float* x2, const float* x3, int64_t n,
+          float* out) {
+  int64_t k = 0;
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; k + kLanes <= n; k += kLanes) {
+    const __m256 w = _mm256_loadu_ps(row + k);
+    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + k), a0);
+    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x1 + k), a1);
+    a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x2 + k), a2);
+    a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x3 + k), a3);
+  }
+  s0 = sum_lanes(a0), s1 = sum_lanes(a1), s2 = sum_lanes(a2), s3 = sum_lanes(a3);
+#endif
+  for (; k < n; ++k) {
+    s0 += row[k] * x0[k];
+    s1 += row[k] * x1[k];
+    s2 += row[k] * x2[k];
+    s3 += row[k] * x3[k];
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
 RowRange resolve(const Weight& w, RowRange range, ConstRows x, Rows y) {
   const int64_t out = out_features(w);
   if (range.count < 0) range.count = out - range.begin;
@@ -303,7 +328,13 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range) {
         continue;
       }
       const float* row = reader.decode(range.begin + o, buffer.data());
-      for (int64_t t = 0; t < x.count; ++t) y.row(t)[o] = dot(row, x.row(t), in);
+      int64_t t = 0;
+      for (; t + 4 <= x.count; t += 4) {
+        float out[4];
+        dot4(row, x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3), in, out);
+        for (int i = 0; i < 4; ++i) y.row(t + i)[o] = out[i];
+      }
+      for (; t < x.count; ++t) y.row(t)[o] = dot(row, x.row(t), in);
     }
   }
 }

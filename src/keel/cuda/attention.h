@@ -1,0 +1,29 @@
+// Decode attention on the GPU (dsv4-forward.md §5.4, §5.8): the CUDA counterpart of
+// ops/attention.h's `attend`, tested against it. One query token per sequence; every
+// query head attends to the same single K=V head over a key list (window keys and the
+// selected compressed entries) given as row indices into one key buffer, with a learned
+// sink logit per head. The inverse RoPE of the output is separate (cuda/rope.h).
+#pragma once
+
+#include <cstdint>
+
+#include "plan/kernel_registry.h"
+
+namespace keel::cuda {
+
+constexpr int kMaxAttentionHeadDim = 512;
+
+// For each sequence b and head h (all f32 / int32 in device memory):
+//   out[b, h] = Σ_j P_hj · kv[key_index[j]] over j in [key_offsets[b], key_offsets[b + 1]),
+//   P_h = softmax({q[b, h] · kv[key_index[j]] · scale}_j ∪ {sinks[h]}) with the sink's
+//   share dropped.
+// q and out are [sequences, heads, head_dim]; kv is [*, head_dim]; key_offsets has
+// sequences + 1 entries. head_dim ≤ kMaxAttentionHeadDim. Asynchronous on `stream`.
+void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
+                   const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
+                   float* out, void* stream = nullptr);
+
+// Adds this family's kernels to the registry (called from cuda/kernels.cu).
+void register_attention(Registry& registry);
+
+}  // namespace keel::cuda

@@ -1,0 +1,173 @@
+#include "cuda/mhc.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace keel::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+
+// Step 1, block (row group, token), one warp per row of fn: dots[t, m] = streams[t] · fn[m]
+// for m < rows, and dots[t, rows] = streams[t] · streams[t] (the RMS's sum of squares).
+__global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
+                         float* __restrict__ dots) {
+  const int m = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (m > rows) return;
+  const int64_t t = blockIdx.y;
+  const float* v = streams + t * width;
+  const float* w = m < rows ? fn + int64_t{m} * width : v;
+  float sum = 0.0f;
+  for (int64_t i = lane; i < width; i += kWarp) sum += v[i] * w[i];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) dots[t * (rows + 1) + m] = sum;
+}
+
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Step 2, one thread per token: the CPU's hyper_mix after the projection, in its order.
+__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
+                           const float* __restrict__ scale, int hc, int64_t width, int iters, float hc_eps,
+                           float norm_eps, int64_t tokens, float* __restrict__ pre, float* __restrict__ post,
+                           float* __restrict__ comb) {
+  const int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  const int rows = (2 + hc) * hc;
+  const float* d = dots + t * (rows + 1);
+  const float r = 1.0f / sqrtf(d[rows] / static_cast<float>(width) + norm_eps);
+  for (int j = 0; j < hc; ++j) {
+    pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
+    post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
+  }
+  float c[kMaxHyperStreams * kMaxHyperStreams];
+  const int n = hc;
+  for (int i = 0; i < n * n; ++i) c[i] = d[2 * hc + i] * r * scale[2] + base[2 * hc + i];
+  // Sinkhorn as ops/hyper.cpp: row softmax + eps, a column pass, then (row, column)
+  // passes; eps in every denominator.
+  for (int i = 0; i < n; ++i) {
+    float top = c[i * n];
+    for (int j = 1; j < n; ++j) top = fmaxf(top, c[i * n + j]);
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += c[i * n + j] = expf(c[i * n + j] - top);
+    for (int j = 0; j < n; ++j) c[i * n + j] = c[i * n + j] / sum + hc_eps;
+  }
+  const auto columns = [&] {
+    for (int j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int i = 0; i < n; ++i) sum += c[i * n + j];
+      for (int i = 0; i < n; ++i) c[i * n + j] /= sum + hc_eps;
+    }
+  };
+  columns();
+  for (int it = 1; it < iters; ++it) {
+    for (int i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (int j = 0; j < n; ++j) sum += c[i * n + j];
+      for (int j = 0; j < n; ++j) c[i * n + j] /= sum + hc_eps;
+    }
+    columns();
+  }
+  for (int i = 0; i < n * n; ++i) comb[t * n * n + i] = c[i];
+}
+
+// One thread per (token, channel).
+__global__ void collapse(const float* __restrict__ pre, const float* __restrict__ streams, int hc, int64_t dim,
+                         int64_t tokens, float* __restrict__ out) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (n >= tokens * dim) return;
+  const int64_t t = n / dim, d = n % dim;
+  const float* s = streams + t * hc * dim + d;
+  float sum = 0.0f;
+  for (int j = 0; j < hc; ++j) sum += pre[t * hc + j] * s[j * dim];
+  out[n] = sum;
+}
+
+// One thread per (token, channel): reads the hc old values first, so in place is safe.
+__global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const float* __restrict__ y,
+                       float* streams, int hc, int64_t dim, int64_t tokens) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (n >= tokens * dim) return;
+  const int64_t t = n / dim, d = n % dim;
+  float* s = streams + t * hc * dim + d;
+  float old[kMaxHyperStreams];
+  for (int j = 0; j < hc; ++j) old[j] = s[j * dim];
+  const float* c = comb + t * hc * hc;
+  for (int k = 0; k < hc; ++k) {
+    float sum = 0.0f;
+    for (int j = 0; j < hc; ++j) sum += c[j * hc + k] * old[j];
+    s[k * dim] = post[t * hc + k] * y[n] + sum;
+  }
+}
+
+void check_params(const HyperParams& p, const char* what) {
+  if (p.hc <= 0 || p.hc > kMaxHyperStreams || p.dim <= 0) {
+    throw std::runtime_error(std::string(what) + ": hc " + std::to_string(p.hc) + " (at most " +
+                             std::to_string(kMaxHyperStreams) + ") or dim " + std::to_string(p.dim) +
+                             " out of range");
+  }
+}
+
+unsigned blocks_of(int64_t n, int threads, const char* what) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 0x7fffffff) throw std::runtime_error(std::string(what) + ": too many tokens");
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace
+
+int64_t hyper_mix_scratch(const HyperParams& p, int64_t tokens) { return tokens * ((2 + p.hc) * p.hc + 1); }
+
+void hyper_mix(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
+               int64_t tokens, float* pre, float* post, float* comb, float* scratch, void* stream_ptr) {
+  check_params(p, "cuda::hyper_mix");
+  if (tokens <= 0) return;
+  if (tokens > 65535) throw std::runtime_error("cuda::hyper_mix: more than 65535 tokens per call");
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int rows = (2 + p.hc) * p.hc;
+  const dim3 grid((rows + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(tokens));
+  mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, rows, p.hc * p.dim, scratch);
+  check(cudaGetLastError(), "hyper_mix launch");
+  constexpr int kThreads = 64;
+  mix_finish<<<blocks_of(tokens, kThreads, "cuda::hyper_mix"), kThreads, 0, stream>>>(
+      scratch, base, scale, p.hc, p.hc * p.dim, p.sinkhorn_iters, p.hc_eps, p.norm_eps, tokens, pre, post, comb);
+  check(cudaGetLastError(), "hyper_mix launch");
+}
+
+void hyper_collapse(const HyperParams& p, const float* pre, const float* streams, int64_t tokens, float* out,
+                    void* stream) {
+  check_params(p, "cuda::hyper_collapse");
+  if (tokens <= 0) return;
+  constexpr int kThreads = 256;
+  collapse<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_collapse"), kThreads, 0,
+             static_cast<cudaStream_t>(stream)>>>(pre, streams, p.hc, p.dim, tokens, out);
+  check(cudaGetLastError(), "hyper_collapse launch");
+}
+
+void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,
+                  int64_t tokens, void* stream) {
+  check_params(p, "cuda::hyper_expand");
+  if (tokens <= 0) return;
+  constexpr int kThreads = 256;
+  expand<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"), kThreads, 0,
+           static_cast<cudaStream_t>(stream)>>>(post, comb, y, streams, p.hc, p.dim, tokens);
+  check(cudaGetLastError(), "hyper_expand launch");
+}
+
+void register_mhc(Registry& registry) {
+  KernelInfo k{.name = "cuda_mhc",
+               .op = Op::mhc,
+               .archs = ArchSet::gpus_from(Arch::sm_80),
+               .activations = {Activation::f32},
+               .priority = 1,
+               .summary = "per-token mix (warp per fn row, thread per token Sinkhorn), collapse, expand"};
+  registry.add(std::move(k.with_entry(&hyper_mix)));
+}
+
+}  // namespace keel::cuda

@@ -1,0 +1,129 @@
+// The CUDA mHC kernels against ops/hyper.h: the per-token mix (RMS, fn projection,
+// sigmoids, Sinkhorn with hc_eps in every denominator), collapse and expand, hc 4 at
+// D 64 and D 4096, several tokens, outputs poisoned.
+//
+// Tolerances (both sides f32): the mix's logits are dot products over hc·D (up to 16384)
+// terms whose summation orders differ (the CPU's SIMD lanes against the GPU's 32 lanes
+// and shuffle tree), ~1e-6 of a logit of size ~1; the sigmoids and the 20 Sinkhorn
+// passes (each a normalization, which does not amplify it) carry that through, so pre,
+// post and comb are held to 2e-5 · (1 + |want|). Collapse and expand add hc products in
+// the CPU's order (FMA contraction aside): 1e-6 · (1 + |want|). A wrong stream, row or
+// transposed comb is off by ~0.1 or more.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/mhc.h"
+#include "ops/hyper.h"
+#include "testing.h"
+
+namespace keel::cuda {
+namespace {
+
+using keel::testing::random_normal;
+
+float* device_copy(const std::vector<float>& v) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<float*>(p);
+}
+
+float* device_poisoned(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(float)), cudaSuccess);  // NaN
+  return static_cast<float*>(p);
+}
+
+std::vector<float> host_copy(const float* p, size_t n) {
+  std::vector<float> v(n);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float tolerance,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tolerance * (1.0f + std::fabs(want[i]))) << what << " at " << i;
+  }
+}
+
+TEST(CudaMhc, MixCollapseExpandMatchCpuReference) {
+  for (const int64_t dim : {int64_t{64}, int64_t{4096}}) {
+    const HyperParams p{.hc = 4, .dim = dim, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+    const int hc = p.hc, rows = (2 + hc) * hc;
+    const int64_t width = hc * dim, tokens = 3;
+    // fn scaled so the logits are of size ~1, as in a trained model (not saturated).
+    HyperSite site{random_normal(rows * width, 91, 1.0f / std::sqrt(static_cast<float>(width))),
+                   random_normal(rows, 92, 0.5f), {0.7f, 1.3f, 2.0f}};
+    std::vector<float> streams = random_normal(tokens * width, 93, 2.0f);
+    const std::vector<float> y = random_normal(tokens * dim, 94);
+
+    std::vector<float> want_pre, want_post, want_comb, want_out(tokens * dim), want_streams = streams;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const std::span<const float> st(streams.data() + t * width, width);
+      const HyperMix mix = keel::hyper_mix(p, site, st);
+      want_pre.insert(want_pre.end(), mix.pre.begin(), mix.pre.end());
+      want_post.insert(want_post.end(), mix.post.begin(), mix.post.end());
+      want_comb.insert(want_comb.end(), mix.comb.begin(), mix.comb.end());
+      keel::hyper_collapse(p, mix.pre, st, std::span<float>(want_out).subspan(t * dim, dim));
+      keel::hyper_expand(p, mix, std::span<const float>(y).subspan(t * dim, dim),
+                   std::span<float>(want_streams).subspan(t * width, width));
+    }
+
+    float* dfn = device_copy(site.fn);
+    float* dbase = device_copy(site.base);
+    float* dscale = device_copy(site.scale);
+    float* dstreams = device_copy(streams);
+    float* dy = device_copy(y);
+    float* dpre = device_poisoned(tokens * hc);
+    float* dpost = device_poisoned(tokens * hc);
+    float* dcomb = device_poisoned(tokens * hc * hc);
+    float* dscratch = device_poisoned(hyper_mix_scratch(p, tokens));
+    float* dout = device_poisoned(tokens * dim);
+    const std::string at = "D " + std::to_string(dim);
+
+    hyper_mix(p, dfn, dbase, dscale, dstreams, tokens, dpre, dpost, dcomb, dscratch);
+    expect_close(host_copy(dpre, want_pre.size()), want_pre, 2e-5f, at + " pre");
+    expect_close(host_copy(dpost, want_post.size()), want_post, 2e-5f, at + " post");
+    const std::vector<float> comb = host_copy(dcomb, want_comb.size());
+    expect_close(comb, want_comb, 2e-5f, at + " comb");
+    // Doubly stochastic to within the iterations' convergence (not a comparison with the
+    // CPU: a check that the projection ran).
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int k = 0; k < hc; ++k) {
+        float column = 0.0f;
+        for (int j = 0; j < hc; ++j) column += comb[t * hc * hc + j * hc + k];
+        EXPECT_NEAR(column, 1.0f, 1e-3f) << at << " token " << t << " column " << k;
+      }
+    }
+
+    // Collapse and expand from the CPU's own weights, so each is checked on its own.
+    float* dwant_pre = device_copy(want_pre);
+    float* dwant_post = device_copy(want_post);
+    float* dwant_comb = device_copy(want_comb);
+    hyper_collapse(p, dwant_pre, dstreams, tokens, dout);
+    expect_close(host_copy(dout, want_out.size()), want_out, 1e-6f, at + " collapse");
+    hyper_expand(p, dwant_post, dwant_comb, dy, dstreams, tokens);
+    expect_close(host_copy(dstreams, want_streams.size()), want_streams, 1e-6f, at + " expand");
+
+    for (float* q : {dfn, dbase, dscale, dstreams, dy, dpre, dpost, dcomb, dscratch, dout, dwant_pre, dwant_post,
+                     dwant_comb})
+      cudaFree(q);
+  }
+}
+
+TEST(CudaMhc, RefusesTooManyStreams) {
+  const HyperParams p{.hc = kMaxHyperStreams + 1, .dim = 8, .sinkhorn_iters = 1, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+  EXPECT_THROW(hyper_collapse(p, nullptr, nullptr, 1, nullptr), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace keel::cuda

@@ -1,0 +1,129 @@
+// The CUDA RoPE against ops/rope.h over [tokens, heads, head_dim] with per-token
+// positions (small and large), plain and YaRN frequencies, forward and inverse.
+//
+// The kernel works in place, as the CPU does, so instead of a poisoned output every
+// channel is compared: the leading (nope) channels must come back bit for bit, the
+// rotated ones within 1e-6 · (|a| + |b|) of the CPU, (a, b) the pair's inputs. Both take
+// the same f32 angle float(position) · inv_freq[i]; the CPU rounds double cos/sin of it
+// (≤ 0.5 ULP), sincosf is within 2 ULPs (CUDA programming guide, also for the large
+// angles of far positions), so each factor differs by ≤ 2.5 · 2⁻²⁴ absolute; with the
+// products' own rounding (and FMA contraction) that stays below 4e-7 · (|a| + |b|). A
+// wrong angle, sign or pair is off by O(|a| + |b|).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "cuda/rope.h"
+#include "ops/rope.h"
+#include "testing.h"
+
+namespace keel::cuda {
+namespace {
+
+using keel::testing::random_normal;
+
+template <typename T>
+T* device_copy(const std::vector<T>& v) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+struct Shape {
+  int64_t tokens;
+  int heads, head_dim, rope_dim;
+  bool yarn;
+};
+
+TEST(CudaRope, MatchesCpuReferenceForwardAndInverse) {
+  // tiny-like (32-wide heads, 16 rotated), Flash-like (512-wide, 64 rotated, YaRN), and a
+  // head that is all rope.
+  for (const Shape s : {Shape{5, 4, 32, 16, false}, Shape{3, 64, 512, 64, true}, Shape{2, 3, 8, 8, false}}) {
+    RopeConfig c;
+    c.rope_dim = s.rope_dim;
+    if (s.yarn) {
+      c.theta = 10000.0;
+      c.yarn = true;
+      c.yarn_factor = 16.0;
+      c.yarn_original_max_position = 65536;
+    }
+    const Rope host(c);
+    DeviceRope r = upload(host);
+    std::vector<int64_t> positions(s.tokens);
+    for (int64_t t = 0; t < s.tokens; ++t) positions[t] = t == 0 ? 0 : t * 7 + (t % 2 ? 1000000 : 3);
+    int64_t* dpos = device_copy(positions);
+    for (const bool inverse : {false, true}) {
+      const std::vector<float> x = random_normal(s.tokens * s.heads * s.head_dim, inverse ? 32 : 31);
+      std::vector<float> want = x;
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        host.apply_heads(std::span<float>(want).subspan(t * s.heads * s.head_dim, s.heads * s.head_dim), s.head_dim,
+                         positions[t], inverse);
+      }
+      float* dx = device_copy(x);
+      rope(r, dx, s.tokens, s.heads, s.head_dim, dpos, inverse);
+      std::vector<float> got(x.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), dx, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      int moved = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const int d = static_cast<int>(i % s.head_dim);
+        const int start = s.head_dim - s.rope_dim;
+        if (d < start) {
+          ASSERT_EQ(got[i], x[i]) << "nope channel changed at " << i;
+          continue;
+        }
+        const size_t pair = i - (d - start) % 2;
+        const float bound = 1e-6f * (std::fabs(x[pair]) + std::fabs(x[pair + 1]));
+        ASSERT_NEAR(got[i], want[i], bound) << s.head_dim << "/" << s.rope_dim << (inverse ? " inverse" : "")
+                                            << " at " << i;
+        moved += got[i] != x[i];
+      }
+      EXPECT_GT(moved, static_cast<int>(x.size()) / 4 * s.rope_dim / s.head_dim);  // it did rotate
+      cudaFree(dx);
+    }
+    cudaFree(dpos);
+    release(r);
+  }
+}
+
+TEST(CudaRope, InverseUndoesForward) {
+  RopeConfig c;
+  c.rope_dim = 64;
+  const Rope host(c);
+  DeviceRope r = upload(host);
+  const std::vector<int64_t> positions = {0, 1, 4095, 123457};
+  int64_t* dpos = device_copy(positions);
+  const std::vector<float> x = random_normal(4 * 8 * 128, 41);
+  float* dx = device_copy(x);
+  rope(r, dx, 4, 8, 128, dpos, false);
+  rope(r, dx, 4, 8, 128, dpos, true);
+  std::vector<float> got(x.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), dx, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  // Two rotations: twice the single one's bound; the 64 leading channels exact.
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int d = static_cast<int>(i % 128);
+    if (d < 64) {
+      ASSERT_EQ(got[i], x[i]) << i;
+      continue;
+    }
+    const size_t pair = i - (d - 64) % 2;
+    ASSERT_NEAR(got[i], x[i], 2e-6f * (std::fabs(x[pair]) + std::fabs(x[pair + 1]))) << i;
+  }
+  cudaFree(dx);
+  cudaFree(dpos);
+  release(r);
+}
+
+TEST(CudaRope, RefusesOddOrOversizedRopeDim) {
+  RopeConfig c;
+  c.rope_dim = 64;
+  DeviceRope r = upload(Rope(c));
+  EXPECT_THROW(rope(r, nullptr, 1, 1, 32, nullptr, false), std::runtime_error);
+  release(r);
+}
+
+}  // namespace
+}  // namespace keel::cuda
