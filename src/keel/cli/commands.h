@@ -13,5 +13,6 @@ void add_logits(CLI::App& app);
 void add_run(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_perplexity(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace keel::cli

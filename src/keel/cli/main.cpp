@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   keel::cli::add_run(app);
   keel::cli::add_bench(app);
   keel::cli::add_perplexity(app);
+  keel::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

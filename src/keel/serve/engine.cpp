@@ -1,0 +1,335 @@
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <numeric>
+
+#include "base/error.h"
+
+namespace keel::serve {
+
+using Clock = std::chrono::steady_clock;
+
+std::string_view name(Finish finish) {
+  switch (finish) {
+    case Finish::none: return "none";
+    case Finish::stop: return "stop";
+    case Finish::length: return "length";
+    case Finish::cancelled: return "cancelled";
+    case Finish::timeout: return "timeout";
+    case Finish::error: return "error";
+  }
+  return "?";
+}
+
+struct Engine::Active {
+  GenerationRequest request;
+  Sink sink;
+  std::shared_ptr<RequestHandle> handle;
+  Sampler sampler;
+  StreamDecoder decoder;
+  Sequence sequence;          // empty while queued
+  std::vector<int32_t> tokens;  // prompt, then every sampled token
+  int generated = 0;
+  std::string held;           // decoded text that may begin a stop string
+  Clock::time_point submitted, deadline, last_token;
+  uint64_t order = 0;         // admission order: the largest is the newest
+  uint64_t need_bytes = 0;    // state size when last preempted
+  bool done = false;
+
+  Active(GenerationRequest r, Sink s, const Tokenizer& tokenizer)
+      : request(std::move(r)), sink(std::move(s)), handle(std::make_shared<RequestHandle>()),
+        sampler(request.sampling), decoder(tokenizer, request.skip_special) {}
+};
+
+namespace {
+
+// The longest suffix of `text` that is a proper prefix of some stop string.
+size_t stop_holdback(const std::string& text, const std::vector<std::string>& stop) {
+  size_t keep = 0;
+  for (const auto& s : stop) {
+    for (size_t n = std::min(s.size() - 1, text.size()); n > keep; --n) {
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+    }
+  }
+  return keep;
+}
+
+TokenLogprob logprobs_of(std::span<const float> logits, int32_t chosen, int top) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v - max));
+  const float log_z = max + static_cast<float>(std::log(sum));
+  TokenLogprob out{.id = chosen, .logprob = logits[chosen] - log_z};
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min<size_t>(top, ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    });
+    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], logits[ids[i]] - log_z);
+  }
+  return out;
+}
+
+}  // namespace
+
+Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineLimits limits)
+    : model_(model), tokenizer_(tokenizer), limits_(limits) {
+  if (limits_.max_running < 1 || limits_.max_queued < 0 || limits_.step_tokens < 1 || limits_.prefill_chunk < 1) {
+    fail(ErrorCode::usage, {.field = "engine limits"},
+         "max running, step tokens and prefill chunk must be >= 1, max queued >= 0");
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  for (auto& a : running_) finish(*a, Finish::cancelled);
+  for (auto& a : queue_) finish(*a, Finish::cancelled);
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, Sink sink) {
+  const ModelConfig& c = model_.config();
+  if (request.prompt.empty()) fail(ErrorCode::bad_input, {.field = "prompt"}, "the prompt is empty");
+  for (int32_t id : request.prompt) {
+    if (id < 0 || id >= c.vocab_size) {
+      fail(ErrorCode::bad_input, {.field = "prompt"}, fmt::format("token id {} is outside the vocabulary (0..{})", id, c.vocab_size - 1));
+    }
+  }
+  if (request.max_tokens < 1) fail(ErrorCode::bad_input, {.field = "max_tokens"}, "must be >= 1");
+  if (static_cast<int64_t>(request.prompt.size()) >= c.max_position_embeddings) {
+    fail(ErrorCode::bad_input, {.field = "prompt"},
+         fmt::format("the prompt has {} tokens; this model's context is {} tokens", request.prompt.size(),
+                     c.max_position_embeddings));
+  }
+  if (request.top_logprobs > 20) fail(ErrorCode::bad_input, {.field = "top_logprobs"}, "must be <= 20");
+  auto active = std::make_unique<Active>(std::move(request), std::move(sink), tokenizer_);  // checks sampling
+  active->tokens = active->request.prompt;
+  active->submitted = Clock::now();
+  active->deadline = active->submitted + limits_.timeout;
+  auto handle = active->handle;
+  {
+    std::lock_guard lock(mutex_);
+    size_t waiting = 0;
+    for (const auto& q : queue_) waiting += q->order == 0;  // preempted requests do not count
+    if (waiting >= static_cast<size_t>(limits_.max_queued)) {
+      metrics_.requests_rejected++;
+      return nullptr;
+    }
+    queue_.push_back(std::move(active));
+  }
+  metrics_.requests_submitted++;
+  wake_.notify_one();
+  return handle;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return {.queued = queue_.size(), .running = running_count_.load(), .state_bytes = state_bytes_.load()};
+}
+
+void Engine::finish(Active& a, Finish why, std::string error) {
+  if (a.done) return;
+  a.done = true;
+  a.sequence = Sequence{};  // frees the state
+  metrics_.finished.add(std::string(name(why)));
+  metrics_.e2e.observe(std::chrono::duration<double>(Clock::now() - a.submitted).count());
+  GenerationEvent ev{.finish = why,
+                     .error = std::move(error),
+                     .prompt_tokens = static_cast<int>(a.request.prompt.size()),
+                     .completion_tokens = a.generated};
+  a.sink(std::move(ev));
+}
+
+void Engine::emit_token(Active& a, int32_t token, const std::vector<float>& logits) {
+  const auto now = Clock::now();
+  ++a.generated;
+  a.tokens.push_back(token);
+  metrics_.generation_tokens++;
+  if (a.generated == 1) {
+    metrics_.ttft.observe(std::chrono::duration<double>(now - a.submitted).count());
+  } else {
+    metrics_.tpot.observe(std::chrono::duration<double>(now - a.last_token).count());
+  }
+  a.last_token = now;
+
+  GenerationEvent ev{.token = token};
+  if (a.request.top_logprobs >= 0) ev.logprob = logprobs_of(logits, token, a.request.top_logprobs);
+  Finish why = Finish::none;
+  bool stop_string = false;
+  if (!a.request.ignore_eos && token == model_.config().eos_token_id) {
+    why = Finish::stop;
+  } else {
+    a.decoder.push(token, a.held);
+    size_t at = std::string::npos;
+    for (const auto& s : a.request.stop) {
+      if (s.empty()) continue;
+      at = std::min(at, a.held.find(s));
+    }
+    if (at != std::string::npos) {
+      ev.text = a.held.substr(0, at);
+      a.held.clear();
+      why = Finish::stop;
+      stop_string = true;
+    }
+  }
+  if (why == Finish::none && a.generated >= a.request.max_tokens) why = Finish::length;
+  if (why == Finish::none && static_cast<int64_t>(a.tokens.size()) >= model_.config().max_position_embeddings) {
+    why = Finish::length;
+  }
+  if (why == Finish::none) {
+    const size_t keep = stop_holdback(a.held, a.request.stop);
+    ev.text = a.held.substr(0, a.held.size() - keep);
+    a.held.erase(0, a.held.size() - keep);
+  } else if (!stop_string) {
+    a.held += a.decoder.flush();
+    ev.text = std::move(a.held);
+    a.held.clear();
+  }
+  ev.prompt_tokens = static_cast<int>(a.request.prompt.size());
+  ev.completion_tokens = a.generated;
+  if (why != Finish::none) {
+    ev.finish = why;
+    a.done = true;
+    a.sequence = Sequence{};
+    metrics_.finished.add(std::string(name(why)));
+    metrics_.e2e.observe(std::chrono::duration<double>(now - a.submitted).count());
+  }
+  a.sink(std::move(ev));
+}
+
+void Engine::loop() {
+  while (step()) {
+  }
+}
+
+bool Engine::step() {
+  std::vector<std::unique_ptr<Active>> dropped;  // cancelled or timed out while queued
+  const auto now = Clock::now();
+  {
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
+    if (stopping_) return false;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if ((*it)->handle->cancelled() || now > (*it)->deadline) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    uint64_t bytes = state_bytes_.load();
+    while (!queue_.empty() && running_.size() < static_cast<size_t>(limits_.max_running)) {
+      Active& a = *queue_.front();
+      if (!running_.empty() && bytes + a.need_bytes > limits_.state_bytes) break;
+      bytes += a.need_bytes;
+      if (a.order == 0) metrics_.prompt_tokens += a.request.prompt.size();
+      a.order = ++next_order_;
+      a.sequence = model_.new_sequence();
+      running_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    running_count_ = running_.size();
+  }
+  for (auto& a : dropped) finish(*a, a->handle->cancelled() ? Finish::cancelled : Finish::timeout);
+
+  for (auto& a : running_) {
+    if (a->handle->cancelled()) finish(*a, Finish::cancelled);
+    else if (now > a->deadline) finish(*a, Finish::timeout);
+  }
+
+  // The step's work: every decoding request one token, then prompt chunks.
+  int budget = limits_.step_tokens;
+  std::vector<std::pair<Active*, int>> work;
+  for (auto& a : running_) {
+    if (!a->done && static_cast<int64_t>(a->tokens.size()) - a->sequence.length == 1 && budget > 0) {
+      work.emplace_back(a.get(), 1);
+      --budget;
+    }
+  }
+  for (auto& a : running_) {
+    const int64_t pending = static_cast<int64_t>(a->tokens.size()) - a->sequence.length;
+    if (a->done || pending <= 1 || budget == 0) continue;
+    const int n = static_cast<int>(std::min<int64_t>({pending, limits_.prefill_chunk, budget}));
+    work.emplace_back(a.get(), n);
+    budget -= n;
+  }
+  metrics_.steps++;
+  if (!work.empty()) {
+    metrics_.batch_size.observe(static_cast<double>(work.size()));
+    metrics_.step_tokens.observe(limits_.step_tokens - budget);
+  }
+  for (auto& [a, n] : work) {
+    std::vector<float> logits;
+    try {
+      logits = model_.forward(a->sequence, std::span(a->tokens).subspan(a->sequence.length, n), LogitRows::last);
+    } catch (const std::exception& e) {
+      finish(*a, Finish::error, e.what());
+      continue;
+    }
+    if (a->sequence.length == static_cast<int64_t>(a->tokens.size())) emit_token(*a, a->sampler.next(logits), logits);
+  }
+
+  std::erase_if(running_, [](const auto& a) { return a->done; });
+
+  // Over the state budget: preempt the newest until it fits (one request always runs).
+  uint64_t bytes = 0;
+  for (const auto& a : running_) bytes += a->sequence.state_bytes();
+  while (bytes > limits_.state_bytes && running_.size() > 1) {
+    auto newest = std::max_element(running_.begin(), running_.end(),
+                                   [](const auto& x, const auto& y) { return x->order < y->order; });
+    std::unique_ptr<Active> a = std::move(*newest);
+    running_.erase(newest);
+    a->need_bytes = a->sequence.state_bytes();
+    bytes -= a->need_bytes;
+    a->sequence = Sequence{};
+    metrics_.preemptions++;
+    std::lock_guard lock(mutex_);
+    queue_.push_front(std::move(a));
+  }
+  if (bytes > limits_.state_bytes && running_.size() == 1) {
+    finish(*running_.front(), Finish::error,
+           fmt::format("the request's state ({} bytes) exceeds the state budget ({} bytes)",
+                       running_.front()->sequence.state_bytes(), limits_.state_bytes));
+    running_.clear();
+    bytes = 0;
+  }
+  state_bytes_ = bytes;
+  running_count_ = running_.size();
+  return true;
+}
+
+void Engine::write_metrics(std::string& out) const {
+  const EngineStats s = stats();
+  write_counter(out, "keel_requests_submitted_total", "Requests accepted into the queue", metrics_.requests_submitted.load());
+  write_counter(out, "keel_requests_rejected_total", "Requests refused because the queue was full", metrics_.requests_rejected.load());
+  metrics_.finished.write(out, "keel_requests_finished_total", "reason", "Requests finished, by reason");
+  write_counter(out, "keel_prompt_tokens_total", "Prompt tokens of admitted requests", metrics_.prompt_tokens.load());
+  write_counter(out, "keel_generation_tokens_total", "Tokens generated", metrics_.generation_tokens.load());
+  write_counter(out, "keel_preemptions_total", "Requests preempted (state dropped, recomputed later)", metrics_.preemptions.load());
+  write_counter(out, "keel_engine_steps_total", "Engine steps", metrics_.steps.load());
+  write_gauge(out, "keel_queue_depth", "Requests waiting", static_cast<double>(s.queued));
+  write_gauge(out, "keel_running_requests", "Requests in the running batch", static_cast<double>(s.running));
+  write_gauge(out, "keel_state_bytes", "Sequence-state bytes of the running requests", static_cast<double>(s.state_bytes));
+  write_gauge(out, "keel_state_budget_bytes", "Sequence-state byte budget", static_cast<double>(limits_.state_bytes));
+  write_gauge(out, "keel_state_usage_ratio", "Sequence-state bytes over the budget",
+              static_cast<double>(s.state_bytes) / static_cast<double>(std::max<uint64_t>(1, limits_.state_bytes)));
+  metrics_.ttft.write(out, "keel_time_to_first_token_seconds", "Time from submission to the first token");
+  metrics_.tpot.write(out, "keel_time_per_output_token_seconds", "Time between consecutive tokens of a request");
+  metrics_.e2e.write(out, "keel_e2e_request_latency_seconds", "Time from submission to the end");
+  metrics_.batch_size.write(out, "keel_batch_size", "Requests forwarded per step");
+  metrics_.step_tokens.write(out, "keel_step_tokens", "Tokens forwarded per step");
+}
+
+}  // namespace keel::serve

@@ -1,0 +1,146 @@
+// The serving engine: one thread that owns the model's compute and runs every admitted
+// request in a continuous batch (docs/serve.md).
+//
+// Each step
+//   1. drops requests that were cancelled or passed their deadline (their state freed),
+//   2. admits queued requests while fewer than max_running run and the sequence state
+//      fits the byte budget (a preempted request waits until its last size fits again),
+//   3. spends a token budget: one token for every decoding request first, then prompt
+//      chunks of at most prefill_chunk tokens per request, oldest first, so a long
+//      prompt never stalls decoding,
+//   4. samples the next token of every request whose input is all processed, decodes it,
+//      applies EOS / stop strings / max_tokens and hands the new text to the request's
+//      sink,
+//   5. while the state of the running requests exceeds the byte budget, preempts the
+//      newest: its state is dropped and it is queued first, to recompute its prompt and
+//      generated tokens later. The forward pass is exact under any chunking, and the
+//      request keeps its sampler, so a preempted request produces the same tokens.
+//
+// Requests run one Model::forward per request per step (the CPU model has no batched
+// forward yet); since each forward is exact, a request's output does not depend on what
+// else runs beside it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/sampling.h"
+#include "serve/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace keel::serve {
+
+struct EngineLimits {
+  int max_running = 16;         // requests in the batch at once
+  int max_queued = 256;         // waiting requests; past it submit() refuses (HTTP 503)
+  int step_tokens = 256;        // tokens one step forwards, all requests together
+  int prefill_chunk = 64;       // prompt tokens one request forwards per step
+  uint64_t state_bytes = 256ull << 20;  // sequence-state budget of the running requests
+  std::chrono::milliseconds timeout{600'000};  // per request, from submission
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // generation ends before the first one; it is not returned
+  bool ignore_eos = false;
+  bool skip_special = false;      // leave special tokens out of the text
+  int top_logprobs = -1;          // -1: no logprobs; 0..20: the chosen token's and that many others
+};
+
+enum class Finish : uint8_t { none, stop, length, cancelled, timeout, error };
+std::string_view name(Finish finish);
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
+// One sampled token (or the end). `text` is what became visible with it: a stop string's
+// possible beginning is held back, and nothing after a stop string is ever sent.
+struct GenerationEvent {
+  std::string text;
+  std::optional<int32_t> token;
+  std::optional<TokenLogprob> logprob;
+  Finish finish = Finish::none;
+  std::string error;  // Finish::error
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// Called on the engine thread, in order, the last time with finish != none. Must not block.
+using Sink = std::function<void(GenerationEvent&&)>;
+
+class RequestHandle {
+ public:
+  // The request stops at the next step and frees its state; its sink then gets
+  // Finish::cancelled (unless it finished first).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineStats {
+  size_t queued = 0, running = 0;
+  uint64_t state_bytes = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, const Tokenizer& tokenizer, EngineLimits limits = {});
+  ~Engine();  // stops the thread; requests still present get Finish::cancelled
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; nullptr when the queue is full. Throws Error(bad_input) for an
+  // empty prompt, ids outside the vocabulary, bad sampling parameters, max_tokens < 1 or
+  // a prompt that leaves no room in the context.
+  std::shared_ptr<RequestHandle> submit(GenerationRequest request, Sink sink);
+
+  EngineStats stats() const;
+  const EngineLimits& limits() const { return limits_; }
+  const Model& model() const { return model_; }
+  // Prometheus text of the engine's metrics (keel_ names).
+  void write_metrics(std::string& out) const;
+
+ private:
+  struct Active;
+  void loop();
+  bool step();  // false when idle
+  void finish(Active& a, Finish why, std::string error = {});
+  void emit_token(Active& a, int32_t token, const std::vector<float>& logits);
+
+  const Model& model_;
+  const Tokenizer& tokenizer_;
+  EngineLimits limits_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Active>> queue_;  // guarded by mutex_
+  bool stopping_ = false;                       // guarded by mutex_
+  std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::atomic<size_t> running_count_{0};
+  std::atomic<uint64_t> state_bytes_{0};
+  uint64_t next_order_ = 0;
+
+  EngineMetrics metrics_;
+  std::thread thread_;
+};
+
+}  // namespace keel::serve

@@ -1,0 +1,255 @@
+// The serving engine without HTTP, on the demo model: outputs against a plain loop over
+// Model::forward and Sampler (what `keel run` does), alone and in busy batches, with
+// chunked prefill, preemption, stop strings, cancellation, queue limits and timeouts.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "model/model.h"
+#include "ops/sampling.h"
+#include "serve/engine.h"
+#include "testing.h"
+#include "tokenizer/tokenizer.h"
+
+namespace keel::serve {
+namespace {
+
+const std::string kModel = std::string(KEEL_SOURCE_DIR) + "/models/keel-tiny-v4";
+
+struct Demo {
+  std::unique_ptr<Model> model = Model::load(kModel);
+  Tokenizer tokenizer = Tokenizer::from_model_dir(kModel);
+};
+
+const Demo& demo() {
+  static const Demo d;
+  return d;
+}
+
+// What one request received.
+struct Outcome {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::string text;
+  Finish finish = Finish::none;
+  std::string error;
+  int prompt_tokens = 0, completion_tokens = 0;
+
+  Sink sink() {
+    return [this](GenerationEvent&& ev) {
+      std::lock_guard lock(mutex);
+      if (ev.token) tokens.push_back(*ev.token);
+      text += ev.text;
+      if (ev.finish != Finish::none) {
+        finish = ev.finish;
+        error = ev.error;
+        prompt_tokens = ev.prompt_tokens;
+        completion_tokens = ev.completion_tokens;
+        cv.notify_all();
+      }
+    };
+  }
+  void wait() {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return finish != Finish::none; }));
+  }
+  size_t token_count() {
+    std::lock_guard lock(mutex);
+    return tokens.size();
+  }
+};
+
+// The reference: a plain loop over the whole prompt, then one token at a time.
+std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int max_tokens, SamplingParams sampling = {},
+                               bool ignore_eos = false) {
+  const Model& m = *demo().model;
+  Sequence seq = m.new_sequence();
+  Sampler sampler(sampling);
+  std::vector<int32_t> out;
+  std::vector<float> logits = m.forward(seq, prompt, LogitRows::last);
+  while (true) {
+    const int32_t t = sampler.next(logits);
+    out.push_back(t);
+    if ((!ignore_eos && t == m.config().eos_token_id) || static_cast<int>(out.size()) == max_tokens) break;
+    logits = m.forward(seq, std::span(&t, 1), LogitRows::last);
+  }
+  return out;
+}
+
+std::vector<int32_t> prompt_of(const std::string& text) { return demo().tokenizer.encode(text, true); }
+
+const std::vector<std::string> kPrompts = {
+    "It was a fine morning, and Elizabeth",
+    "The carriage stopped at the door of the house, and",
+    "Mr. Darcy said nothing for a while.",
+    "She could not help laughing at",
+    "In the evening the whole party went",
+    "Nothing could be more delightful than",
+};
+
+TEST(ServeEngine, GreedyEqualsPlainLoop) {
+  Engine engine(*demo().model, demo().tokenizer);
+  const auto prompt = prompt_of(kPrompts[0]);
+  Outcome out;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 40}, out.sink()));
+  out.wait();
+  const auto expected = reference(prompt, 40);
+  EXPECT_EQ(out.tokens, expected);
+  EXPECT_EQ(out.text, demo().tokenizer.decode(std::vector<int32_t>(expected.begin(), expected.end() - (expected.back() == 1))));
+  EXPECT_EQ(out.prompt_tokens, static_cast<int>(prompt.size()));
+  EXPECT_EQ(out.completion_tokens, static_cast<int>(expected.size()));
+  EXPECT_EQ(out.finish, expected.size() == 40 ? Finish::length : Finish::stop);
+}
+
+TEST(ServeEngine, SeededSamplingEqualsPlainLoop) {
+  Engine engine(*demo().model, demo().tokenizer);
+  const SamplingParams sampling{.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 1234};
+  const auto prompt = prompt_of(kPrompts[1]);
+  Outcome a, b;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .sampling = sampling}, a.sink()));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .sampling = sampling}, b.sink()));
+  a.wait();
+  b.wait();
+  EXPECT_EQ(a.tokens, reference(prompt, 30, sampling));
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+// Batch invariance: a greedy request gives the same tokens alone and among many others
+// (sampled and greedy, of different lengths), with small prefill chunks and step budget.
+TEST(ServeEngine, GreedyOutputIsTheSameAloneAndInABusyBatch) {
+  const auto prompt = prompt_of(kPrompts[2]);
+  std::vector<int32_t> alone;
+  {
+    Engine engine(*demo().model, demo().tokenizer);
+    Outcome out;
+    ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 48, .ignore_eos = true}, out.sink()));
+    out.wait();
+    alone = out.tokens;
+  }
+  Engine engine(*demo().model, demo().tokenizer, {.max_running = 8, .step_tokens = 24, .prefill_chunk = 5});
+  std::vector<std::unique_ptr<Outcome>> others;
+  for (int i = 0; i < 12; ++i) {
+    others.push_back(std::make_unique<Outcome>());
+    std::string text = kPrompts[i % kPrompts.size()];
+    for (int r = 0; r < i; ++r) text += " and then " + kPrompts[(i + r) % kPrompts.size()];
+    ASSERT_TRUE(engine.submit({.prompt = prompt_of(text), .max_tokens = 20 + 3 * i,
+                               .sampling = {.temperature = i % 2 ? 0.8f : 0.0f, .seed = uint64_t(i)}},
+                              others.back()->sink()));
+    if (i == 5) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Outcome busy;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 48, .ignore_eos = true}, busy.sink()));
+  busy.wait();
+  for (auto& o : others) o->wait();
+  EXPECT_EQ(busy.tokens, alone);
+  EXPECT_EQ(alone, reference(prompt, 48, {}, true));
+}
+
+TEST(ServeEngine, ChunkedPrefillOfALongPromptEqualsPlainLoop) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += kPrompts[i % kPrompts.size()] + " ";
+  const auto prompt = prompt_of(text);
+  ASSERT_GT(prompt.size(), 100u);
+  Engine engine(*demo().model, demo().tokenizer, {.step_tokens = 9, .prefill_chunk = 7});
+  Outcome out;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 24}, out.sink()));
+  out.wait();
+  EXPECT_EQ(out.tokens, reference(prompt, 24));
+}
+
+// A state budget that holds about two requests: the newest are preempted and recomputed,
+// and every request still produces exactly the plain loop's tokens.
+TEST(ServeEngine, PreemptedRequestsRecomputeTheSameTokens) {
+  const Model& m = *demo().model;
+  Sequence probe = m.new_sequence();
+  std::vector<int32_t> ids(80, 100);
+  m.forward(probe, ids, LogitRows::last);
+  const uint64_t per_request = probe.state_bytes();
+  Engine engine(m, demo().tokenizer, {.max_running = 8, .prefill_chunk = 16, .state_bytes = per_request * 2});
+  std::vector<std::unique_ptr<Outcome>> outs;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_of(kPrompts[i]));
+    outs.push_back(std::make_unique<Outcome>());
+    ASSERT_TRUE(engine.submit({.prompt = prompts.back(), .max_tokens = 60, .sampling = {.temperature = 0.7f, .seed = uint64_t(7 + i)}, .ignore_eos = true},
+                              outs.back()->sink()));
+  }
+  for (auto& o : outs) o->wait();
+  std::string metrics;
+  engine.write_metrics(metrics);
+  const auto at = metrics.find("\nkeel_preemptions_total ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_GT(std::stod(metrics.substr(at + 24)), 0) << metrics;
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(outs[i]->finish, Finish::length);
+    EXPECT_EQ(outs[i]->tokens, reference(prompts[i], 60, {.temperature = 0.7f, .seed = uint64_t(7 + i)}, true)) << i;
+  }
+  EXPECT_EQ(engine.stats().state_bytes, 0u);
+}
+
+TEST(ServeEngine, StopStringEndsTheTextBeforeIt) {
+  const auto prompt = prompt_of(kPrompts[0]);
+  const auto tokens = reference(prompt, 40);
+  const std::string full = demo().tokenizer.decode(tokens);
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(full.size() / 2, 3);
+  const std::string expected = full.substr(0, full.find(stop));
+  Engine engine(*demo().model, demo().tokenizer);
+  Outcome out;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 40, .stop = {"never appears", stop}}, out.sink()));
+  out.wait();
+  EXPECT_EQ(out.finish, Finish::stop);
+  EXPECT_EQ(out.text, expected);
+  EXPECT_LT(out.tokens.size(), tokens.size());
+}
+
+TEST(ServeEngine, CancelledRequestStopsAndFreesItsState) {
+  Engine engine(*demo().model, demo().tokenizer);
+  Outcome out;
+  auto handle = engine.submit({.prompt = prompt_of(kPrompts[3]), .max_tokens = 3000, .ignore_eos = true}, out.sink());
+  ASSERT_TRUE(handle);
+  while (out.token_count() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(engine.stats().running, 1u);
+  EXPECT_GT(engine.stats().state_bytes, 0u);
+  handle->cancel();
+  out.wait();
+  EXPECT_EQ(out.finish, Finish::cancelled);
+  EXPECT_LT(out.tokens.size(), 3000u);
+  for (int i = 0; i < 100 && engine.stats().running != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(engine.stats().running, 0u);
+  EXPECT_EQ(engine.stats().state_bytes, 0u);
+}
+
+TEST(ServeEngine, FullQueueRefusesAndTimeoutEnds) {
+  Engine engine(*demo().model, demo().tokenizer, {.max_running = 1, .max_queued = 1, .timeout = std::chrono::milliseconds(1500)});
+  Outcome a, b;
+  auto ha = engine.submit({.prompt = prompt_of(kPrompts[4]), .max_tokens = 3000, .ignore_eos = true}, a.sink());
+  ASSERT_TRUE(ha);
+  while (a.token_count() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(engine.submit({.prompt = prompt_of(kPrompts[5]), .max_tokens = 4}, b.sink()));
+  Outcome c;
+  EXPECT_EQ(engine.submit({.prompt = prompt_of(kPrompts[5]), .max_tokens = 4}, c.sink()), nullptr);
+  a.wait();
+  EXPECT_EQ(a.finish, Finish::timeout);
+  b.wait();
+  EXPECT_NE(b.finish, Finish::error);
+}
+
+TEST(ServeEngine, BadRequestsThrow) {
+  Engine engine(*demo().model, demo().tokenizer);
+  Outcome out;
+  KEEL_EXPECT_ERROR(engine.submit({.prompt = {}}, out.sink()), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(engine.submit({.prompt = {5, 99999}}, out.sink()), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(engine.submit({.prompt = {5}, .max_tokens = 0}, out.sink()), ErrorCode::bad_input);
+  KEEL_EXPECT_ERROR(engine.submit({.prompt = std::vector<int32_t>(4096, 5)}, out.sink()), ErrorCode::bad_input);
+  EXPECT_THROW(engine.submit({.prompt = {5}, .sampling = {.temperature = -1}}, out.sink()), Error);
+}
+
+}  // namespace
+}  // namespace keel::serve
