@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/attention.h"
+#include "gpu/device_memory.h"
 #include "ops/attention.h"
 #include "testing.h"
 
@@ -23,16 +24,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-template <typename T>
-T* device_copy(const std::vector<T>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)), cudaSuccess);
-  if (!v.empty()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  return static_cast<T*>(p);
-}
 
 struct Case {
   int heads, head_dim;

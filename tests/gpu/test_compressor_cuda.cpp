@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/compressor.h"
+#include "gpu/device_memory.h"
 #include "ops/compressor.h"
 #include "testing.h"
 
@@ -19,13 +20,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-float* device_copy(const std::vector<float>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<float*>(p);
-}
 
 TEST(CudaCompressor, PoolSlotsMatchesCpuReference) {
   // CSA-like (8 slots), HCA-like (128 slots), one slot; widths crossing the block.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cuda/linear.h"
+#include "gpu/device_memory.h"
 #include "model/owned_weight.h"
 #include "ops/linear.h"
 #include "testing.h"
@@ -16,14 +17,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-template <typename T>
-T* device_copy(const std::vector<T>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(p);
-}
 
 struct Case {
   WeightFormat format;
@@ -37,7 +30,7 @@ class CudaLinear : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaLinear, MatchesCpuReference) {
   const Case& c = GetParam();
   // out: not a multiple of the 32-row tile nor of 128; in: crosses FP8 blocks unevenly.
-  for (const auto [out, in] : {std::pair<int64_t, int64_t>{261, 320}, {1029, 4096 + 128}, {7, 64}}) {
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{261, 320}, {1029, 4096 + 128}, {7, 64}}) {
     const OwnedWeight host(random_normal(out * in, 5), out, in, c.format, c.dtype, c.scales);
     DeviceWeight w = upload(host.weight());
     for (const int64_t tokens : {1, 3}) {

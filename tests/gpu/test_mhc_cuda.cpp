@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/mhc.h"
+#include "gpu/device_memory.h"
 #include "ops/hyper.h"
 #include "testing.h"
 
@@ -25,27 +26,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-float* device_copy(const std::vector<float>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<float*>(p);
-}
-
-float* device_poisoned(size_t n) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, n * sizeof(float)), cudaSuccess);
-  EXPECT_EQ(cudaMemset(p, 0xff, n * sizeof(float)), cudaSuccess);  // NaN
-  return static_cast<float*>(p);
-}
-
-std::vector<float> host_copy(const float* p, size_t n) {
-  std::vector<float> v(n);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, float tolerance,
                   const std::string& what) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/moe_routing.h"
+#include "gpu/device_memory.h"
 #include "ops/moe.h"
 #include "testing.h"
 
@@ -20,21 +21,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-template <typename T>
-T* device_copy(const std::vector<T>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(p);
-}
-
-template <typename T>
-std::vector<T> host_copy(const T* p, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
 
 void check(int64_t tokens, int experts, int k, ScoringFunc func, bool with_bias, bool hashed_layer, uint32_t seed) {
   std::vector<float> logits = random_normal(tokens * experts, seed, 4.0f);

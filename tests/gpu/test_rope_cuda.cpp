@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/rope.h"
+#include "gpu/device_memory.h"
 #include "ops/rope.h"
 #include "testing.h"
 
@@ -24,14 +25,6 @@ namespace keel::cuda {
 namespace {
 
 using keel::testing::random_normal;
-
-template <typename T>
-T* device_copy(const std::vector<T>& v) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return static_cast<T*>(p);
-}
 
 struct Shape {
   int64_t tokens;
