@@ -5,14 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-constexpr int kWarp = 32;
 constexpr int kHeadsPerBlock = 4;  // one warp per head; the heads share each key tile
 constexpr int kTile = 8;           // keys staged in shared memory per step
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;

@@ -5,12 +5,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // One thread per (entry, channel), in the CPU's order: the max over slots, then the
 // exponentials' sum and weighted sum together, one division.

@@ -7,17 +7,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
 #include "cuda/convert.cuh"
 
 namespace keel::cuda {
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(status) + ": " +
-                             cudaGetErrorString(status));
-  }
-}
 
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }

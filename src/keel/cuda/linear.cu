@@ -1,21 +1,16 @@
 #include "cuda/linear.h"
 
-#include "plan/kernel_registry.h"
-
 #include <cuda_runtime.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+#include "plan/kernel_registry.h"
 
 namespace keel::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRowsPerWarp = 4;  // rows share each lane's slice of x, read once
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;

@@ -5,14 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 
 // Step 1, block (row group, token), one warp per row of fn: dots[t, m] = streams[t] · fn[m]

@@ -5,14 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-constexpr int kWarp = 32;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 

@@ -5,14 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-constexpr int kWarp = 32;
 constexpr int kMaxWarps = 8;
 
 // Sum of `v` over the block (blockDim.x a multiple of 32, at most 256); every thread

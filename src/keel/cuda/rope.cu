@@ -5,12 +5,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/check.cuh"
+
 namespace keel::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // One thread per rotated pair: index = ((token · heads) + head) · half + i.
 __global__ void rotate(const float* __restrict__ inv_freq, float* x, int64_t pairs, int half, int head_dim,
