@@ -586,8 +586,16 @@ TEST(Registry, BuiltinHoldsTheCpuKernelsItWasLinkedWith) {
   const std::string msg =
       KEEL_EXPECT_ERROR(r.find(Op::norm, "cpu")->entry_as<decltype(rms_norm_unweighted)>(), ErrorCode::kernel_plan);
   EXPECT_TRUE(contains(msg, "wrong function type")) << msg;
-  // Test binaries link keel_core without the CUDA library: no GPU kernel can be listed.
-  for (const KernelInfo& k : r.kernels()) EXPECT_EQ(k.archs, ArchSet{Arch::cpu}) << k.name;
+  // Test binaries link keel_core without the CUDA library: no GPU kernel can be listed,
+  // only the host sampler that GPU plans use (the CPU sampler over copied-back logits).
+  for (const KernelInfo& k : r.kernels()) {
+    if (k.op == Op::sampling && k.name == "host") {
+      EXPECT_EQ(k.archs, ArchSet::gpus_from(Arch::sm_80));
+      EXPECT_EQ(k.entry, r.find(Op::sampling, "cpu")->entry);
+      continue;
+    }
+    EXPECT_EQ(k.archs, ArchSet{Arch::cpu}) << k.name;
+  }
 
   const auto j = nlohmann::json::parse(r.to_json());
   ASSERT_EQ(j["kernels"].size(), r.kernels().size());

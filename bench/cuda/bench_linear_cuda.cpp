@@ -1,6 +1,7 @@
 // The CUDA decode matrix kernel per stored format on DeepSeek-V4-Flash shapes, next to
 // the device copy bandwidth measured in the same run (cudaMemcpy device to device:
-// bytes read + bytes written per second). Prints one row per case.
+// bytes read + bytes written per second), one row per case; then the lightning indexer
+// with its top-k for one decode token by actual context length.
 //
 //   keel_gpu_bench [--iters N]
 #include <cuda_runtime_api.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/indexer.h"
 #include "cuda/linear.h"
 #include "model/owned_weight.h"
 
@@ -98,6 +100,43 @@ int main(int argc, char** argv) {
     keel::cuda::release(w);
     cudaFree(x);
     cudaFree(y);
+  }
+
+  // Flash's indexer: 64 heads of 128, top 512 over CSA entries (one per 4 tokens). The
+  // work follows the entries that exist; the configured maximum context (1M) appears
+  // nowhere.
+  constexpr int kHeads = 64, kDim = 128, kTop = 512, kRatio = 4;
+  const int64_t most = (int64_t{512} << 10) / kRatio;
+  const auto upload_floats = [](const std::vector<float>& v) {
+    float* d = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float)));
+    check(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+  };
+  float* keys = upload_floats(normal(most * kDim));
+  float* q = upload_floats(normal(kHeads * kDim));
+  float* weights = upload_floats(normal(kHeads));
+  float* scores = nullptr;
+  int32_t *visible = nullptr, *offsets = nullptr, *picked = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&scores), most * sizeof(float)));
+  check(cudaMalloc(reinterpret_cast<void**>(&visible), sizeof(int32_t)));
+  check(cudaMalloc(reinterpret_cast<void**>(&offsets), sizeof(int32_t)));
+  check(cudaMalloc(reinterpret_cast<void**>(&picked), kTop * sizeof(int32_t)));
+  check(cudaMemset(offsets, 0, sizeof(int32_t)));
+  fmt::print("\nindexer + top-k, one decode token ({} heads x {}, top {}, one entry per {} tokens; max context 1M)\n",
+             kHeads, kDim, kTop, kRatio);
+  fmt::print("{:>10} {:>10} {:>10} {:>12}\n", "context", "entries", "us", "key GB/s");
+  for (const int64_t context : {int64_t{4} << 10, int64_t{32} << 10, int64_t{128} << 10, int64_t{512} << 10}) {
+    const auto entries = static_cast<int32_t>(context / kRatio);
+    check(cudaMemcpy(visible, &entries, sizeof(int32_t), cudaMemcpyHostToDevice));
+    const double s = seconds(
+        [&] {
+          keel::cuda::indexer_select(q, weights, 1, kHeads, kDim, keys, visible, entries, kTop, 0, offsets, picked,
+                                     scores);
+        },
+        iters);
+    fmt::print("{:>9}K {:>10} {:>10.1f} {:>12.0f}\n", context >> 10, entries, s * 1e6,
+               entries * kDim * sizeof(float) / s / 1e9);
   }
   return 0;
 }

@@ -64,7 +64,10 @@ void check_case(const Case& c, uint32_t seed) {
   float* dout = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dout), q.size() * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMemset(dout, 0xff, q.size() * sizeof(float)), cudaSuccess);  // NaN poison
-  attend_decode(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout);
+  const int max_keys = *std::max_element(c.keys.begin(), c.keys.end());
+  const int64_t scratch_floats = attend_decode_scratch(sequences, H, hd, max_keys);
+  float* dscratch = scratch_floats ? device_poisoned(scratch_floats) : nullptr;
+  attend_decode(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout, dscratch, max_keys);
   std::vector<float> got(q.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < want.size(); ++i) {
@@ -73,7 +76,8 @@ void check_case(const Case& c, uint32_t seed) {
         << i / hd % H << " channel " << i % hd;
   }
   for (void* p : {static_cast<void*>(dq), static_cast<void*>(dkv), static_cast<void*>(dsinks),
-                  static_cast<void*>(dindex), static_cast<void*>(doffsets), static_cast<void*>(dout)})
+                  static_cast<void*>(dindex), static_cast<void*>(doffsets), static_cast<void*>(dout),
+                  static_cast<void*>(dscratch)})
     cudaFree(p);
 }
 
@@ -100,9 +104,17 @@ TEST(CudaAttention, FlashSizeMatchesCpuReference) {
              81);
 }
 
+// Decode tokens over long key lists: the keys are split across blocks and the pieces
+// merged; a short list beside a long one leaves some of its splits empty.
+TEST(CudaAttention, SplitKeysMatchCpuReference) {
+  check_case({.heads = 64, .head_dim = 512, .kv_rows = 4096, .keys = {128 + 2000}, .sink_shift = 0.0f}, 82);
+  check_case({.heads = 8, .head_dim = 64, .kv_rows = 64, .keys = {1000, 3}, .sink_shift = 0.0f}, 83);
+  check_case({.heads = 5, .head_dim = 96, .kv_rows = 300, .keys = {1000}, .sink_shift = 2.0f}, 84);
+}
+
 TEST(CudaAttention, RefusesHeadDimOverLimit) {
   EXPECT_THROW(attend_decode(nullptr, 1, 1, kMaxAttentionHeadDim + 1, nullptr, nullptr, nullptr, nullptr, 1.0f,
-                             nullptr),
+                             nullptr, nullptr, 1),
                std::runtime_error);
 }
 

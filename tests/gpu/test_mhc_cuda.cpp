@@ -1,6 +1,6 @@
 // The CUDA mHC kernels against ops/hyper.h: the per-token mix (RMS, fn projection,
 // sigmoids, Sinkhorn with hc_eps in every denominator), collapse and expand, hc 4 at
-// D 64 and D 4096, several tokens, outputs poisoned.
+// D 64 and D 4096, and hc_head at D 77 and 4100; several tokens, outputs poisoned.
 //
 // Tolerances (both sides f32): the mix's logits are dot products over hc·D (up to 16384)
 // terms whose summation orders differ (the CPU's SIMD lanes against the GPU's 32 lanes
@@ -100,9 +100,47 @@ TEST(CudaMhc, MixCollapseExpandMatchCpuReference) {
   }
 }
 
+// hc_head: the mix's pre (held to 2e-5 above) times the streams, so each output is within
+// 2e-5 · Σ_j |streams[t, j, d]| plus the collapse's own rounding: 2e-5 · (1 + Σ_j |s_j|).
+// D 77 and 4100 are multiples of neither the warp nor the block (160 threads at hc 4);
+// a wrong stream, or a missing RMS (the streams' RMS is 2), is off by ~0.1 or more.
+TEST(CudaMhc, HeadMatchesCpuReference) {
+  for (const int64_t dim : {int64_t{77}, int64_t{4100}}) {
+    const HyperParams p{.hc = 4, .dim = dim, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+    const int hc = p.hc;
+    const int64_t width = hc * dim, tokens = 5;
+    HyperHead head{random_normal(hc * width, 95, 1.0f / std::sqrt(static_cast<float>(width))),
+                   random_normal(hc, 96, 0.5f), {0.8f}};
+    const std::vector<float> streams = random_normal(tokens * width, 97, 2.0f);
+    std::vector<float> want(tokens * dim);
+    for (int64_t t = 0; t < tokens; ++t) {
+      keel::hyper_head(p, head, std::span<const float>(streams).subspan(t * width, width),
+                       std::span<float>(want).subspan(t * dim, dim));
+    }
+
+    float* dfn = device_copy(head.fn);
+    float* dbase = device_copy(head.base);
+    float* dscale = device_copy(head.scale);
+    float* dstreams = device_copy(streams);
+    float* dout = device_poisoned(tokens * dim);
+    hyper_head(p, dfn, dbase, dscale, dstreams, tokens, dout);
+    const std::vector<float> got = host_copy(dout, want.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float magnitude = 0.0f;
+        for (int j = 0; j < hc; ++j) magnitude += std::fabs(streams[t * width + j * dim + d]);
+        ASSERT_NEAR(got[t * dim + d], want[t * dim + d], 2e-5f * (1.0f + magnitude))
+            << "D " << dim << " token " << t << " channel " << d;
+      }
+    }
+    for (float* q : {dfn, dbase, dscale, dstreams, dout}) cudaFree(q);
+  }
+}
+
 TEST(CudaMhc, RefusesTooManyStreams) {
   const HyperParams p{.hc = kMaxHyperStreams + 1, .dim = 8, .sinkhorn_iters = 1, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
   EXPECT_THROW(hyper_collapse(p, nullptr, nullptr, 1, nullptr), std::runtime_error);
+  EXPECT_THROW(hyper_head(p, nullptr, nullptr, nullptr, nullptr, 1, nullptr), std::runtime_error);
 }
 
 }  // namespace

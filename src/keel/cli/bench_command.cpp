@@ -1,8 +1,6 @@
-// keel bench: prefill and decode speed of a model on the CPU, next to this machine's
-// memory bandwidth measured in the same run (decode reads every active weight once per
-// token, so bandwidth is its roofline).
-#include <omp.h>
-
+// keel bench: prefill and decode speed of a model on the CPU or a GPU, next to the
+// device's memory bandwidth measured in the same run (decode reads every active weight
+// once per token, so bandwidth is its roofline).
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
@@ -10,7 +8,7 @@
 #include <random>
 
 #include "cli/commands.h"
-#include "cli/load_model.h"
+#include "cli/runner.h"
 #include "ops/sampling.h"
 
 namespace keel::cli {
@@ -20,33 +18,42 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Read bandwidth over a buffer far larger than the caches, all threads, best of `runs`.
-double read_bandwidth(size_t bytes, int runs) {
-  std::vector<uint64_t> buffer(bytes / sizeof(uint64_t));
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = i;  // first touch by the reading thread
-  double best = 0;
-  for (int r = 0; r < runs; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-    for (size_t i = 0; i < buffer.size(); ++i) sum += buffer[i];
-    const double s = seconds_since(start);
-    if (sum == 42) fmt::print("");  // keeps the loop
-    best = std::max(best, bytes / s);
+// Decodes `steps` tokens after `prompt` with the stage timer on; one row per stage, most
+// time first.
+void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
+  runner.reset();
+  auto logits = runner.forward(prompt, LogitRows::last);
+  runner.set_profiling(true);
+  for (int i = 0; i < steps; ++i) {
+    const int32_t next = argmax(logits);
+    logits = runner.forward(std::span(&next, 1));
   }
-  return best;
+  const auto stages = runner.profile();
+  runner.set_profiling(false);
+  if (stages.empty()) return;
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto& [stage, s] : stages) {
+    rows.emplace_back(s, stage);
+    total += s;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  fmt::print("decode time by stage ({} steps, all layers; CUDA events per stage):\n", steps);
+  for (const auto& [s, stage] : rows) {
+    fmt::print("  {:<48} {:8.3f} ms/token {:5.1f}%\n", stage, s * 1e3 / steps, 100 * s / total);
+  }
 }
 
 }  // namespace
 
 void add_bench(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU, against measured memory bandwidth");
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU or a GPU, against measured memory bandwidth");
   struct Options {
     std::string model;
     int prompt = 256, decode = 64, runs = 3;
     uint64_t bandwidth_mib = 2048;
-    bool json = false;
+    bool json = false, profile = false;
+    KernelOptions kernels;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("--model", o->model, "Model directory")->required();
@@ -55,46 +62,67 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--runs", o->runs, "Repetitions; the best is reported")->capture_default_str();
   cmd->add_option("--bandwidth-mib", o->bandwidth_mib, "Buffer for the bandwidth measurement")->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
+  cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
+  add_kernel_options(cmd, o->kernels);
   cmd->callback([o] {
-    const auto model = load_model(o->model, o->json);
-    const ModelConfig& c = model->config();
+    const Loaded loaded = load_runner(o->model, o->json, o->kernels);
+    const Model& model = *loaded.model;
+    Runner& runner = *loaded.runner;
+    const ModelConfig& c = model.config();
     std::mt19937 rng(1);
     std::vector<int32_t> prompt(o->prompt);
     for (auto& id : prompt) id = static_cast<int32_t>(rng() % c.vocab_size);
 
-    double prefill_s = 1e30, decode_s = 1e30;
+    double prefill_s = 1e30, decode_s = 1e30, decode_comm_s = 0;
     for (int r = 0; r < o->runs; ++r) {
-      Sequence seq = model->new_sequence();
+      runner.reset();
       auto start = std::chrono::steady_clock::now();
-      auto logits = model->forward(seq, prompt, LogitRows::last);
+      auto logits = runner.forward(prompt, LogitRows::last);
       prefill_s = std::min(prefill_s, seconds_since(start));
+      runner.reset_communication();
       start = std::chrono::steady_clock::now();
       for (int i = 0; i < o->decode; ++i) {
         const int32_t next = argmax(logits);
-        logits = model->forward(seq, std::span(&next, 1));
+        logits = runner.forward(std::span(&next, 1));
       }
-      decode_s = std::min(decode_s, seconds_since(start));
+      if (const double s = seconds_since(start); s < decode_s) {
+        decode_s = s;
+        decode_comm_s = runner.communication_seconds();
+      }
     }
-    const double bandwidth = read_bandwidth(o->bandwidth_mib << 20, 5);
+    const double bandwidth = runner.measure_bandwidth(o->bandwidth_mib << 20);
+    // Several GPUs: one all-reduce of [1, hidden] per MoE layer per decode step.
+    const double comm_per_step = decode_comm_s / o->decode;
+    const double comm_floor = runner.all_reduce_floor(c.hidden_size) * c.num_hidden_layers;
     const double prefill_tps = o->prompt / prefill_s, decode_tps = o->decode / decode_s;
-    const double bytes = static_cast<double>(model->decode_bytes_per_token());
+    const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
     if (o->json) {
       fmt::print(
-          "{{\"threads\": {}, \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
+          "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
           "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
-          "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}}}\n",
-          omp_get_max_threads(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
-          achieved / bandwidth);
+          "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
+          "\"decode_comm_floor_ms\": {:.4f}}}\n",
+          runner.device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
+          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3);
       return;
     }
-    fmt::print("threads                 {}\n", omp_get_max_threads());
+    fmt::print("device                  {}\n", runner.device());
     fmt::print("prefill                 {:.1f} tok/s ({} tokens, one call)\n", prefill_tps, o->prompt);
-    fmt::print("decode                  {:.2f} tok/s ({} steps after the prompt)\n", decode_tps, o->decode);
+    fmt::print("decode                  {:.2f} tok/s = {:.3f} ms/token ({} steps after the prompt)\n", decode_tps,
+               1e3 / decode_tps, o->decode);
     fmt::print("decode weight bytes     {:.1f} MiB per token\n", bytes / 1048576.0);
     fmt::print("decode weight traffic   {:.2f} GB/s\n", achieved / 1e9);
-    fmt::print("memory read bandwidth   {:.2f} GB/s (measured now, {} MiB buffer)\n", bandwidth / 1e9, o->bandwidth_mib);
+    fmt::print("memory bandwidth        {:.2f} GB/s (measured now, {} MiB buffer; GPU: copy, read + write)\n",
+               bandwidth / 1e9, o->bandwidth_mib);
     fmt::print("share of bandwidth      {:.1f}%\n", 100.0 * achieved / bandwidth);
+    if (o->profile) print_profile(runner, prompt, o->decode);
+    if (comm_floor > 0) {
+      fmt::print("decode communication    {:.3f} ms per step = {:.1f}% of the step; floor {:.3f} ms ({} all-reduces of "
+                 "{} floats, measured now)\n",
+                 comm_per_step * 1e3, 100.0 * comm_per_step * decode_tps, comm_floor * 1e3, c.num_hidden_layers,
+                 c.hidden_size);
+    }
   });
 }
 

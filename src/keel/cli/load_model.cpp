@@ -12,6 +12,9 @@ void add_kernel_options(CLI::App* cmd, KernelOptions& o) {
     cmd->add_option(flag(b, ModelRole::draft), o.draft[b], "Kernel for the draft (MTP) layers (default: as the target)");
   }
   cmd->add_flag("--verbose", o.verbose, "Print the whole kernel plan");
+  cmd->add_option("--device", o.device, "Where the model runs: cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--gpus", o.gpus, "Split the model over GPUs 0..N-1 (expert parallel, see keel plan --gpus)")
+      ->check(CLI::Range(1, 64));
 }
 
 std::unique_ptr<Model> load_model(const std::string& directory, bool quiet, const KernelOptions& kernels) {

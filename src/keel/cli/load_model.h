@@ -14,6 +14,8 @@ namespace keel::cli {
 struct KernelOptions {
   BackendChoices target, draft;
   bool verbose = false;
+  std::string device = "cpu";  // cpu, cuda or cuda:N (cli/runner.h)
+  int gpus = 0;                // > 1: expert parallel over GPUs 0..gpus-1 (overrides device)
 };
 void add_kernel_options(CLI::App* cmd, KernelOptions& options);
 

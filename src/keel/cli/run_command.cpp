@@ -1,4 +1,4 @@
-// keel run: generate from a prompt on the CPU, streaming text (or ids, for a model
+// keel run: generate from a prompt on the CPU or a GPU, streaming text (or ids, for a model
 // without a tokenizer) to stdout, speed to stderr at the end.
 #include <chrono>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
-#include "cli/load_model.h"
+#include "cli/runner.h"
 #include "io/npy.h"
 #include "ops/sampling.h"
 #include "tokenizer/tokenizer.h"
@@ -114,11 +114,11 @@ void run(const RunOptions& o) {
   }
   if (!o.stop.empty() && !tokenizer) fail(ErrorCode::usage, {.field = "--stop"}, "stop strings need a tokenizer");
 
-  const auto model = load_model(o.model, o.quiet, o.kernels);
-  const ModelConfig& c = model->config();
-  Sequence seq = model->new_sequence();
+  const Loaded loaded = load_runner(o.model, o.quiet, o.kernels);
+  const ModelConfig& c = loaded.model->config();
+  Runner& runner = *loaded.runner;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = model->forward(seq, prompt, LogitRows::last);
+  std::vector<float> logits = runner.forward(prompt, LogitRows::last);
   const auto t1 = std::chrono::steady_clock::now();
 
   std::optional<StreamDecoder> decoder;
@@ -143,11 +143,11 @@ void run(const RunOptions& o) {
       std::fflush(stdout);
     }
     if (generated == o.max_tokens) break;
-    if (seq.length >= c.max_position_embeddings) {
+    if (runner.length() >= c.max_position_embeddings) {
       why = "context full";
       break;
     }
-    logits = model->forward(seq, std::span(&next, 1));
+    logits = runner.forward(std::span(&next, 1));
   }
   if (decoder && why != "stop string") text.add(decoder->flush());
   text.finish();

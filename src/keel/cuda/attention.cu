@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -14,14 +16,16 @@ constexpr int kHeadsPerBlock = 4;  // one warp per head; the heads share each ke
 constexpr int kTile = 8;           // keys staged in shared memory per step
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;
 
-// Block (head group, sequence): each warp keeps its head's query slice, running max m,
-// denominator l and weighted key sum in registers (lane holds channels lane + 32·i) and
-// folds in the keys one tile at a time (online softmax). The sink starts the softmax:
-// m = sink, l = exp(sink − m) = 1, sum = 0.
+// Block (head group, sequence, split): each warp keeps its head's query slice, running
+// max m, denominator l and weighted key sum in registers (lane holds channels
+// lane + 32·i) and folds in its split's keys one tile at a time (online softmax). The
+// sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
+// splits start empty (m = −inf, l = 0). With one split the result is written as is;
+// with several, each split's (m, l, sum) goes to `partial` for `combine`.
 __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
-           const float* __restrict__ sinks, float scale, float* __restrict__ out) {
+           const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial) {
   __shared__ float tile[kTile * kMaxAttentionHeadDim];
   const int b = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -36,9 +40,12 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     qh[i] = d < head_dim ? qrow[d] : 0.0f;
     acc[i] = 0.0f;
   }
-  float m = active ? sinks[h] : 0.0f, l = 1.0f;
+  const int split = blockIdx.z, splits = gridDim.z;
+  float m = split == 0 ? (active ? sinks[h] : 0.0f) : -INFINITY, l = split == 0 ? 1.0f : 0.0f;
 
-  const int first = key_offsets[b], count = key_offsets[b + 1] - first;
+  const int all = key_offsets[b + 1] - key_offsets[b], per_split = (all + splits - 1) / splits;
+  const int first = key_offsets[b] + min(all, split * per_split);
+  const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
   for (int base = 0; base < count; base += kTile) {
     const int n = min(kTile, count - base);
     __syncthreads();  // the previous tile is no longer read
@@ -85,39 +92,96 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     }
   }
   if (!active) return;
-  float* orow = out + (int64_t{b} * heads + h) * head_dim;
+  if (splits == 1) {
+    float* orow = out + (int64_t{b} * heads + h) * head_dim;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + kWarp * i;
+      if (d < head_dim) orow[d] = acc[i] / l;
+    }
+    return;
+  }
+  // partial[(b, h, split)] = m, l, then head_dim sums.
+  float* prow = partial + ((int64_t{b} * heads + h) * splits + split) * (head_dim + 2);
+  if (lane == 0) prow[0] = m, prow[1] = l;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int d = lane + kWarp * i;
-    if (d < head_dim) orow[d] = acc[i] / l;
+    if (d < head_dim) prow[2 + d] = acc[i];
   }
+}
+
+// One block per (sequence, head): the splits' softmax pieces rescaled to their common
+// max and added, in split order.
+__global__ void combine(const float* __restrict__ partial, int heads, int head_dim, int splits,
+                        float* __restrict__ out) {
+  const int64_t bh = blockIdx.x;
+  const float* p = partial + bh * splits * (head_dim + 2);
+  float top = -INFINITY;
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, p[s * (head_dim + 2)]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) l += p[s * (head_dim + 2) + 1] * expf(p[s * (head_dim + 2)] - top);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += p[s * (head_dim + 2) + 2 + d] * expf(p[s * (head_dim + 2)] - top);
+    out[bh * head_dim + d] = sum / l;
+  }
+}
+
+// Splits of the keys so a call fills the GPU: about two blocks per SM, at least 32 keys
+// per split, at most kMaxSplits.
+constexpr int kMaxSplits = 32;
+int splits_for(int sequences, int heads, int max_keys) {
+  const int groups = (heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const int wanted = std::max(1, 264 / std::max(1, groups * sequences));
+  return std::clamp(std::min(wanted, (max_keys + 31) / 32), 1, kMaxSplits);
 }
 
 }  // namespace
 
+int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys) {
+  const int splits = splits_for(sequences, heads, max_keys);
+  return splits == 1 ? 0 : int64_t{sequences} * heads * splits * (head_dim + 2);
+}
+
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, void* stream) {
+                   float* out, float* scratch, int max_keys, void* stream) {
   if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
     throw std::runtime_error("cuda::attend_decode: head_dim " + std::to_string(head_dim) + " is not in 1.." +
                              std::to_string(kMaxAttentionHeadDim));
   }
   if (sequences <= 0 || heads <= 0) return;
   if (sequences > 65535) throw std::runtime_error("cuda::attend_decode: more than 65535 sequences");
-  const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences);
+  const int splits = splits_for(sequences, heads, max_keys);
+  if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_decode: no scratch for split keys");
+  const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
   decode<<<grid, kHeadsPerBlock * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out);
+      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch);
   check(cudaGetLastError(), "attend_decode launch");
+  if (splits > 1) {
+    combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, static_cast<cudaStream_t>(stream)>>>(
+        scratch, heads, head_dim, splits, out);
+    check(cudaGetLastError(), "attend_decode combine launch");
+  }
 }
 
 void register_attention(Registry& registry) {
-  KernelInfo k{.name = "cuda_decode_attention",
-               .op = Op::attention_decode,
-               .archs = ArchSet::gpus_from(Arch::sm_80),
-               .activations = {Activation::f32},
-               .priority = 1,
-               .summary = "one query per sequence over indexed window + compressed keys, sink, online softmax"};
-  registry.add(std::move(k.with_entry(&attend_decode)));
+  // Prefill and verify run the same kernel with one "sequence" per query token (each
+  // token has its own key list), on CUDA cores: correct, but without the tensor-core
+  // reuse of keys across a chunk's tokens that a prefill kernel should have.
+  const auto add = [&](Op op, const char* summary) {
+    KernelInfo k{.name = "cuda_decode_attention",
+                 .op = op,
+                 .archs = ArchSet::gpus_from(Arch::sm_80),
+                 .activations = {Activation::f32},
+                 .priority = 1,
+                 .summary = summary};
+    registry.add(std::move(k.with_entry(&attend_decode)));
+  };
+  add(Op::attention_decode, "one query per sequence over indexed window + compressed keys, sink, online softmax");
+  add(Op::attention_prefill, "the decode kernel once per chunk token (CUDA cores, no MMA yet)");
+  add(Op::attention_verify, "the decode kernel once per draft token (CUDA cores, no MMA yet)");
 }
 
 }  // namespace keel::cuda

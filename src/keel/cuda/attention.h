@@ -18,10 +18,14 @@ constexpr int kMaxAttentionHeadDim = 512;
 //   P_h = softmax({q[b, h] · kv[key_index[j]] · scale}_j ∪ {sinks[h]}) with the sink's
 //   share dropped.
 // q and out are [sequences, heads, head_dim]; kv is [*, head_dim]; key_offsets has
-// sequences + 1 entries. head_dim ≤ kMaxAttentionHeadDim. Asynchronous on `stream`.
+// sequences + 1 entries, none more than max_keys apart. head_dim ≤ kMaxAttentionHeadDim.
+// Long key lists of few sequences are split across blocks (flash-decoding) and merged;
+// `scratch` holds attend_decode_scratch(...) floats (0: may be null). Asynchronous on
+// `stream`.
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, void* stream = nullptr);
+                   float* out, float* scratch, int max_keys, void* stream = nullptr);
+int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_attention(Registry& registry);

@@ -18,4 +18,9 @@ struct DeviceInfo {
 // Empty when there is no driver or no GPU (never throws for that).
 std::vector<DeviceInfo> devices();
 
+// Device-to-device copy bandwidth of `device`, bytes read + written per second, best of
+// `runs` copies of `bytes` (the roofline a decode step's weight reads are held to).
+// Throws std::runtime_error on a CUDA failure.
+double copy_bandwidth(int device, uint64_t bytes, int runs);
+
 }  // namespace keel::cuda

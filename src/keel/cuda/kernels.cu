@@ -2,6 +2,8 @@
 
 #include "cuda/attention.h"
 #include "cuda/compressor.h"
+#include "cuda/embedding.h"
+#include "cuda/indexer.h"
 #include "cuda/linear.h"
 #include "cuda/mhc.h"
 #include "cuda/moe_routing.h"
@@ -10,11 +12,13 @@
 
 // One call per CUDA kernel family.
 extern "C" void keel_register_cuda_kernels(keel::Registry& registry) {
+  keel::cuda::register_embedding(registry);
   keel::cuda::register_linear(registry);
   keel::cuda::register_norm(registry);
   keel::cuda::register_rope(registry);
   keel::cuda::register_attention(registry);
   keel::cuda::register_mhc(registry);
   keel::cuda::register_compressor(registry);
+  keel::cuda::register_indexer(registry);
   keel::cuda::register_moe_routing(registry);
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/weight_decode.cuh"
 #include "plan/kernel_registry.h"
 
 namespace keel::cuda {
@@ -14,17 +15,6 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRowsPerWarp = 4;  // rows share each lane's slice of x, read once
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
-
-// Exact decoders (as ops/linear.cpp): bits placed in an f32 and rebiased.
-__device__ __forceinline__ float e4m3(uint32_t b) {
-  return __uint_as_float((b & 0x80u) << 24 | (b & 0x7fu) << 20) * 0x1p120f;
-}
-__device__ __forceinline__ float e2m1(uint32_t nibble) {
-  return __uint_as_float((nibble & 0x8u) << 28 | (nibble & 0x7u) << 22) * 0x1p126f;
-}
-__device__ __forceinline__ float ue8m0(uint32_t b) {
-  return b == 0 ? 0x1p-127f : b == 255 ? __uint_as_float(0x7fc00000u) : __uint_as_float(b << 23);
-}
 
 // The stored row is read 16 bytes per lane per step; each format says how many values
 // such a chunk holds and how to add their products with x.
@@ -57,8 +47,7 @@ template <>
 struct Format<WeightFormat::fp8_block, DType::f8_e4m3> {
   static constexpr int kValues = 16;  // within one 128-wide scale block
   __device__ static float dot(const DeviceWeight& w, int64_t row, int64_t k, uint4 c, const float* x) {
-    const int64_t index = (row / 128) * w.scale_cols + k / 128;
-    const float scale = w.f32_scales ? reinterpret_cast<const float*>(w.scale)[index] : ue8m0(w.scale[index]);
+    const float scale = fp8_block_scale(w, row, k);
     const uint32_t v[4] = {c.x, c.y, c.z, c.w};
     float s = 0.0f;
 #pragma unroll
@@ -99,55 +88,147 @@ __host__ __device__ constexpr int64_t row_bytes(int64_t in) {
   return in;
 }
 
-// A warp computes kRowsPerWarp output rows: lanes stride over 16-byte chunks of the
-// rows, keep the matching slice of x in registers for all of them, sum in f32, then
-// reduce across the warp. Needs in % kValues == 0.
+// A warp computes up to kRowsPerWarp output rows from `first` for one row of x: lanes
+// stride over 16-byte chunks of the rows, keep the matching slice of x in registers for
+// all of them, sum in f32, then reduce across the warp. Needs in % kValues == 0.
 template <WeightFormat F, DType T>
-__global__ void gemv(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens) {
+__device__ __forceinline__ void warp_rows(const DeviceWeight& w, int64_t first, int lane, const float* __restrict__ xt,
+                                          float* __restrict__ yt) {
   using Fmt = Format<F, T>;
   constexpr int V = Fmt::kValues;
-  const int64_t first = (int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (first >= w.out) return;
   const int rows = static_cast<int>(min(int64_t{kRowsPerWarp}, w.out - first));
   const auto* base = static_cast<const uint8_t*>(w.data);
   const int64_t n = w.in / V, stride = row_bytes<F, T>(w.in);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* xt = x + t * w.in;
-    float sum[kRowsPerWarp] = {};
-    for (int64_t c = lane; c < n; c += kWarp) {
-      float xs[V];
+  float sum[kRowsPerWarp] = {};
+  for (int64_t c = lane; c < n; c += kWarp) {
+    float xs[V];
 #pragma unroll
-      for (int i = 0; i < V; i += 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(xt + c * V + i));
-        xs[i] = v.x, xs[i + 1] = v.y, xs[i + 2] = v.z, xs[i + 3] = v.w;
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        if (r < rows) {
-          const uint4 chunk = __ldg(reinterpret_cast<const uint4*>(base + (first + r) * stride) + c);
-          sum[r] += Fmt::dot(w, first + r, c * V, chunk, xs);
-        }
-      }
+    for (int i = 0; i < V; i += 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(xt + c * V + i));
+      xs[i] = v.x, xs[i + 1] = v.y, xs[i + 2] = v.z, xs[i + 3] = v.w;
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], offset);
-      if (lane == 0 && r < rows) y[t * w.out + first + r] = sum[r];
+      if (r < rows) {
+        const uint4 chunk = __ldg(reinterpret_cast<const uint4*>(base + (first + r) * stride) + c);
+        sum[r] += Fmt::dot(w, first + r, c * V, chunk, xs);
+      }
     }
   }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], offset);
+    if (lane == 0 && r < rows) yt[first + r] = sum[r];
+  }
+}
+
+// Any in_features (small test models, odd low-rank widths): a warp per row, lanes over
+// single values. Not a fast path; shapes of real models take warp_rows.
+template <WeightFormat F, DType T>
+__device__ __forceinline__ void warp_row_any_width(const DeviceWeight& w, int64_t row, int lane, const float* xt,
+                                                   float* yt) {
+  float sum = 0.0f;
+  for (int64_t k = lane; k < w.in; k += kWarp) sum += weight_value<F, T>(w, row, k) * xt[k];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) yt[row] = sum;
+}
+
+// The first output row of this warp: chunked kernels give a warp kRowsPerWarp rows.
+template <bool kChunked>
+__device__ __forceinline__ int64_t warp_first_row() {
+  const int64_t warp = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / kWarp;
+  return kChunked ? warp * kRowsPerWarp : warp;
+}
+
+template <WeightFormat F, DType T, bool kChunked>
+__device__ __forceinline__ void warp_product(const DeviceWeight& w, int64_t first, const float* xt, float* yt) {
+  const int lane = threadIdx.x % kWarp;
+  if constexpr (kChunked) {
+    warp_rows<F, T>(w, first, lane, xt, yt);
+  } else {
+    warp_row_any_width<F, T>(w, first, lane, xt, yt);
+  }
+}
+
+template <WeightFormat F, DType T, bool kChunked>
+__global__ void gemv(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens) {
+  const int64_t first = warp_first_row<kChunked>();
+  if (first >= w.out) return;
+  for (int64_t t = 0; t < tokens; ++t) warp_product<F, T, kChunked>(w, first, x + t * w.in, y + t * w.out);
+}
+
+// Pair p (blockIdx.y) multiplies x row p / per_row by the weight of expert experts[p];
+// a negative expert or a weight without data (another rank's) gives zeros.
+template <WeightFormat F, DType T, bool kChunked>
+__global__ void gemv_pairs(const DeviceWeight* __restrict__ table, int64_t out, const int32_t* __restrict__ experts,
+                           int per_row, const float* __restrict__ x, float* __restrict__ y) {
+  const int64_t first = warp_first_row<kChunked>();
+  if (first >= out) return;
+  const int64_t p = blockIdx.y;
+  const int32_t e = experts[p];
+  float* yp = y + p * out;
+  if (e < 0 || table[e].data == nullptr) {
+    const int lane = threadIdx.x % kWarp;
+    const int rows = kChunked ? static_cast<int>(min(int64_t{kRowsPerWarp}, out - first)) : 1;
+    if (lane < rows) yp[first + lane] = 0.0f;
+    return;
+  }
+  const DeviceWeight w = table[e];
+  warp_product<F, T, kChunked>(w, first, x + (p / per_row) * w.in, yp);
+}
+
+// Whether gemv can read 16-byte chunks of rows and x: whole chunks per row, aligned
+// rows and x (weights from upload() start 256-byte aligned).
+template <WeightFormat F, DType T>
+bool chunked(int64_t in, const float* x, const void* data) {
+  return in % Format<F, T>::kValues == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(data) % 16 == 0;
+}
+
+unsigned row_blocks(int64_t out, bool chunked) {
+  const int64_t rows = chunked ? kRowsPerBlock : kWarpsPerBlock;
+  return static_cast<unsigned>((out + rows - 1) / rows);
 }
 
 template <WeightFormat F, DType T>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
-  if (w.in % Format<F, T>::kValues != 0) {
-    throw std::runtime_error("cuda::linear: in_features " + std::to_string(w.in) + " is not a multiple of " +
-                             std::to_string(Format<F, T>::kValues));
+  if (chunked<F, T>(w.in, x, w.data)) {
+    gemv<F, T, true><<<row_blocks(w.out, true), kWarpsPerBlock * kWarp, 0, stream>>>(w, x, y, tokens);
+  } else {
+    gemv<F, T, false><<<row_blocks(w.out, false), kWarpsPerBlock * kWarp, 0, stream>>>(w, x, y, tokens);
   }
-  const auto blocks = static_cast<unsigned>((w.out + kRowsPerBlock - 1) / kRowsPerBlock);
-  gemv<F, T><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(w, x, y, tokens);
   check(cudaGetLastError(), "gemv launch");
+}
+
+template <WeightFormat F, DType T>
+void launch_pairs(const DeviceWeight* table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+                  int per_row, const float* x, float* y, cudaStream_t stream) {
+  if (pairs > 65535) throw std::runtime_error("cuda::linear_pairs: more than 65535 pairs in one call");
+  const bool whole = chunked<F, T>(like.in, x, like.data);
+  const dim3 grid(row_blocks(like.out, whole), static_cast<unsigned>(pairs));
+  if (whole) {
+    gemv_pairs<F, T, true><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(table, like.out, experts, per_row, x, y);
+  } else {
+    gemv_pairs<F, T, false><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(table, like.out, experts, per_row, x, y);
+  }
+  check(cudaGetLastError(), "gemv_pairs launch");
+}
+
+// Calls fn.template operator()<F, T>() for the weight's format and stored dtype.
+template <typename Fn>
+void dispatch(const DeviceWeight& w, Fn&& fn) {
+  switch (w.format) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16:
+      if (w.dtype == DType::f32) return fn.template operator()<WeightFormat::f32, DType::f32>();
+      if (w.dtype == DType::bf16) return fn.template operator()<WeightFormat::bf16, DType::bf16>();
+      break;
+    case WeightFormat::fp8_block: return fn.template operator()<WeightFormat::fp8_block, DType::f8_e4m3>();
+    case WeightFormat::mxfp4: return fn.template operator()<WeightFormat::mxfp4, DType::i8>();
+    case WeightFormat::nvfp4: return fn.template operator()<WeightFormat::nvfp4, DType::u8>();
+  }
+  throw std::runtime_error("cuda::linear: no kernel for this weight dtype");
 }
 
 }  // namespace
@@ -184,17 +265,14 @@ void release(DeviceWeight& w) {
 
 void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  switch (w.format) {
-    case WeightFormat::f32:
-    case WeightFormat::bf16:
-      if (w.dtype == DType::f32) return launch<WeightFormat::f32, DType::f32>(w, x, y, tokens, stream);
-      if (w.dtype == DType::bf16) return launch<WeightFormat::bf16, DType::bf16>(w, x, y, tokens, stream);
-      break;
-    case WeightFormat::fp8_block: return launch<WeightFormat::fp8_block, DType::f8_e4m3>(w, x, y, tokens, stream);
-    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4, DType::i8>(w, x, y, tokens, stream);
-    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4, DType::u8>(w, x, y, tokens, stream);
-  }
-  throw std::runtime_error("cuda::linear: no kernel for this weight dtype");
+  dispatch(w, [&]<WeightFormat F, DType T>() { launch<F, T>(w, x, y, tokens, stream); });
+}
+
+void linear_pairs(const DeviceWeight* table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+                  int per_row, const float* x, float* y, void* stream_ptr) {
+  if (pairs <= 0) return;
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  dispatch(like, [&]<WeightFormat F, DType T>() { launch_pairs<F, T>(table, like, experts, pairs, per_row, x, y, stream); });
 }
 
 void register_linear(Registry& registry) {
@@ -212,8 +290,16 @@ void register_linear(Registry& registry) {
     registry.add(std::move(k.with_entry(&linear)));
   };
   gemv(Op::dense_gemm);
-  gemv(Op::moe_gemm);
   gemv(Op::lm_head);
+  KernelInfo pairs{.name = "cuda_gemv_pairs",
+                   .op = Op::moe_gemm,
+                   .archs = ArchSet::gpus_from(Arch::sm_80),
+                   .formats = {WeightFormat::bf16, WeightFormat::f32, WeightFormat::fp8_block, WeightFormat::mxfp4,
+                               WeightFormat::nvfp4},
+                   .activations = {Activation::f32},
+                   .priority = 1,
+                   .summary = "decode GEMV per (token, routed expert) pair, experts read on the device (no host sync)"};
+  registry.add(std::move(pairs.with_entry(&linear_pairs)));
 }
 
 }  // namespace keel::cuda

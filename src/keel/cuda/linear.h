@@ -22,6 +22,8 @@ struct DeviceWeight {
   float global_scale = 1.0f;           // nvfp4
   int64_t out = 0, in = 0;
   int64_t scale_cols = 0;              // fp8_block: scale blocks per row
+  int64_t first_row = 0;               // fp8_block: a row view's first stored row (its scale
+                                       // blocks count from the stored row 0)
   uint64_t bytes = 0;                  // stored bytes (data + scales)
 };
 
@@ -30,6 +32,14 @@ void release(DeviceWeight& w);
 
 // y[t, o] = Σ_k x[t, k] · W[o, k]. Asynchronous on `stream` (0: the default stream).
 void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream = nullptr);
+
+// Routed experts without a host round trip: for each pair p < pairs (a token and one
+// of its routed experts), y[p] = x[p / per_row] · W_{experts[p]}ᵀ with W_e = table[e],
+// a device array of weights of one format and shape, described by `like`. A pair whose
+// expert is negative, or whose table entry has no data (an expert another rank holds),
+// gets zeros. y is [pairs, like.out]. pairs ≤ 65535.
+void linear_pairs(const DeviceWeight* table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+                  int per_row, const float* x, float* y, void* stream = nullptr);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_linear(Registry& registry);

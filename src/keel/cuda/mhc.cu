@@ -11,20 +11,42 @@ namespace keel::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
+// The mix's dot products over hc·D (16384 at Flash width) are split into slices of this
+// many values, one warp each: a single warp per row leaves most of the GPU idle while
+// it waits on its loads, and a decode step has one token.
+constexpr int64_t kMixSlice = 1024;
 
-// Step 1, block (row group, token), one warp per row of fn: dots[t, m] = streams[t] · fn[m]
-// for m < rows, and dots[t, rows] = streams[t] · streams[t] (the RMS's sum of squares).
+__host__ __device__ int64_t mix_slices(int64_t width) { return (width + kMixSlice - 1) / kMixSlice; }
+
+// The dot product the mix is built from: row m < rows of fn with one token's flattened
+// streams v, or (m == rows) v with itself, the RMS's sum of squares. One warp; every
+// lane gets the sum.
+__device__ float mix_dot(const float* __restrict__ fn, const float* __restrict__ v, int m, int rows, int64_t width,
+                         int lane, int64_t begin = 0, int64_t end = -1) {
+  const float* w = m < rows ? fn + int64_t{m} * width : v;
+  if (end < 0) end = width;
+  float sum = 0.0f;
+  for (int64_t i = begin + lane; i < end; i += kWarp) sum += v[i] * w[i];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
+// As ops/norm.cpp's rms_factor, from the sum of squares.
+__device__ float rms_factor(float squares, int64_t width, float norm_eps) {
+  return 1.0f / sqrtf(squares / static_cast<float>(width) + norm_eps);
+}
+
+// Step 1, block (row group, slice, token), one warp per row of fn and slice c of the
+// width: dots[t, m, c] = streams[t] · fn[m] over the slice for m < rows, and
+// dots[t, rows, c] = streams[t] · streams[t] over it.
 __global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
                          float* __restrict__ dots) {
   const int m = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (m > rows) return;
-  const int64_t t = blockIdx.y;
-  const float* v = streams + t * width;
-  const float* w = m < rows ? fn + int64_t{m} * width : v;
-  float sum = 0.0f;
-  for (int64_t i = lane; i < width; i += kWarp) sum += v[i] * w[i];
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) dots[t * (rows + 1) + m] = sum;
+  const int64_t c = blockIdx.y, slices = gridDim.y, t = blockIdx.z;
+  const int64_t begin = c * kMixSlice, end = min(width, begin + kMixSlice);
+  const float sum = mix_dot(fn, streams + t * width, m, rows, width, lane, begin, end);
+  if (lane == 0) dots[(t * (rows + 1) + m) * slices + c] = sum;
 }
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -37,8 +59,15 @@ __global__ void mix_finish(const float* __restrict__ dots, const float* __restri
   const int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (t >= tokens) return;
   const int rows = (2 + hc) * hc;
-  const float* d = dots + t * (rows + 1);
-  const float r = 1.0f / sqrtf(d[rows] / static_cast<float>(width) + norm_eps);
+  const int64_t slices = mix_slices(width);
+  float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
+  for (int m = 0; m <= rows; ++m) {  // the slices' partial sums, in order
+    const float* part = dots + (t * (rows + 1) + m) * slices;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < slices; ++c) sum += part[c];
+    d[m] = sum;
+  }
+  const float r = rms_factor(d[rows], width, norm_eps);
   for (int j = 0; j < hc; ++j) {
     pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
     post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
@@ -74,16 +103,43 @@ __global__ void mix_finish(const float* __restrict__ dots, const float* __restri
   for (int i = 0; i < n * n; ++i) comb[t * n * n + i] = c[i];
 }
 
+// Σ_j pre[j] · s[j · dim], in the CPU's order.
+__device__ float collapse_one(const float* pre, const float* __restrict__ s, int hc, int64_t dim) {
+  float sum = 0.0f;
+  for (int j = 0; j < hc; ++j) sum += pre[j] * s[j * dim];
+  return sum;
+}
+
 // One thread per (token, channel).
 __global__ void collapse(const float* __restrict__ pre, const float* __restrict__ streams, int hc, int64_t dim,
                          int64_t tokens, float* __restrict__ out) {
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= tokens * dim) return;
   const int64_t t = n / dim, d = n % dim;
-  const float* s = streams + t * hc * dim + d;
-  float sum = 0.0f;
-  for (int j = 0; j < hc; ++j) sum += pre[t * hc + j] * s[j * dim];
-  out[n] = sum;
+  out[n] = collapse_one(pre + t * hc, streams + t * hc * dim + d, hc, dim);
+}
+
+// hc_head, one block of hc + 1 warps per token: the hyper_mix steps fused (warp m takes
+// mix_dot m, warp hc the sum of squares), pre in shared memory, then the collapse with
+// the block's threads striding over D. The few rows and one call per forward step do
+// not warrant hyper_mix's split into two launches.
+__global__ void head(const float* __restrict__ fn, const float* __restrict__ base, const float* __restrict__ scale,
+                     const float* __restrict__ streams, int hc, int64_t dim, float hc_eps, float norm_eps,
+                     float* __restrict__ out) {
+  __shared__ float dots[kMaxHyperStreams + 1];
+  __shared__ float pre[kMaxHyperStreams];
+  const int64_t t = blockIdx.x, width = hc * dim;
+  const float* v = streams + t * width;
+  const int m = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const float sum = mix_dot(fn, v, m, hc, width, lane);
+  if (lane == 0) dots[m] = sum;
+  __syncthreads();
+  if (const int j = threadIdx.x; j < hc) {
+    const float r = rms_factor(dots[hc], width, norm_eps);
+    pre[j] = sigmoid(dots[j] * r * scale[0] + base[j]) + hc_eps;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) out[t * dim + d] = collapse_one(pre, v + d, hc, dim);
 }
 
 // One thread per (token, channel): reads the hc old values first, so in place is safe.
@@ -119,7 +175,9 @@ unsigned blocks_of(int64_t n, int threads, const char* what) {
 
 }  // namespace
 
-int64_t hyper_mix_scratch(const HyperParams& p, int64_t tokens) { return tokens * ((2 + p.hc) * p.hc + 1); }
+int64_t hyper_mix_scratch(const HyperParams& p, int64_t tokens) {
+  return tokens * ((2 + p.hc) * p.hc + 1) * mix_slices(p.hc * p.dim);
+}
 
 void hyper_mix(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
                int64_t tokens, float* pre, float* post, float* comb, float* scratch, void* stream_ptr) {
@@ -128,7 +186,8 @@ void hyper_mix(const HyperParams& p, const float* fn, const float* base, const f
   if (tokens > 65535) throw std::runtime_error("cuda::hyper_mix: more than 65535 tokens per call");
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const int rows = (2 + p.hc) * p.hc;
-  const dim3 grid((rows + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(tokens));
+  const dim3 grid((rows + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
+                  static_cast<unsigned>(tokens));
   mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, rows, p.hc * p.dim, scratch);
   check(cudaGetLastError(), "hyper_mix launch");
   constexpr int kThreads = 64;
@@ -155,6 +214,16 @@ void hyper_expand(const HyperParams& p, const float* post, const float* comb, co
   expand<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"), kThreads, 0,
            static_cast<cudaStream_t>(stream)>>>(post, comb, y, streams, p.hc, p.dim, tokens);
   check(cudaGetLastError(), "hyper_expand launch");
+}
+
+void hyper_head(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
+                int64_t tokens, float* out, void* stream) {
+  check_params(p, "cuda::hyper_head");
+  if (tokens <= 0) return;
+  if (tokens > 0x7fffffff) throw std::runtime_error("cuda::hyper_head: too many tokens");
+  head<<<static_cast<unsigned>(tokens), (p.hc + 1) * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
+      fn, base, scale, streams, p.hc, p.dim, p.hc_eps, p.norm_eps, out);
+  check(cudaGetLastError(), "hyper_head launch");
 }
 
 void register_mhc(Registry& registry) {

@@ -31,6 +31,13 @@ void hyper_collapse(const HyperParams& p, const float* pre, const float* streams
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,
                   int64_t tokens, void* stream = nullptr);
 
+// hc_head, the final collapse, as ops/hyper.cpp's hyper_head: out[t] = Σ_j (σ(mix_j ·
+// scale[0] + base[j]) + hc_eps) · streams[t, j] with mix = fn · the RMS-normalized
+// flattened streams. fn [hc, hc·D], base [hc] and scale [1] are in device memory; out
+// is [tokens, D]. hc ≤ kMaxHyperStreams. Asynchronous on `stream`.
+void hyper_head(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
+                int64_t tokens, float* out, void* stream = nullptr);
+
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_mhc(Registry& registry);
 

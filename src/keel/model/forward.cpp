@@ -273,12 +273,14 @@ void hyper_block(const Step& s, const HyperParams& hp, const HyperSite& site, st
   }
 }
 
+}  // namespace
+
 HyperParams hyper_params(const ModelConfig& c) {
   return {c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, static_cast<float>(c.hc_eps),
           static_cast<float>(c.rms_norm_eps)};
 }
 
-void check_tokens(const ModelConfig& c, const Sequence& seq, std::span<const int32_t> tokens) {
+void check_tokens(const ModelConfig& c, int64_t length, std::span<const int32_t> tokens) {
   if (tokens.empty()) fail(ErrorCode::bad_input, {}, "no tokens to run (an empty prompt?)");
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
@@ -287,7 +289,7 @@ void check_tokens(const ModelConfig& c, const Sequence& seq, std::span<const int
                std::to_string(c.vocab_size) + ")");
     }
   }
-  const int64_t end = seq.length + static_cast<int64_t>(tokens.size());
+  const int64_t end = length + static_cast<int64_t>(tokens.size());
   if (end > c.max_position_embeddings) {
     fail(ErrorCode::bad_input, {},
          std::to_string(end) + " tokens exceed the model's context of " + std::to_string(c.max_position_embeddings) +
@@ -295,11 +297,9 @@ void check_tokens(const ModelConfig& c, const Sequence& seq, std::span<const int
   }
 }
 
-}  // namespace
-
 std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
   const ModelConfig& c = config_;
-  check_tokens(c, seq, tokens);
+  check_tokens(c, seq.length, tokens);
   top_kernels_.check(Arch::cpu);
   const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
   const HyperParams hp = hyper_params(c);

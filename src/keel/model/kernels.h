@@ -40,6 +40,37 @@ struct LayerKernels {
   }
 };
 
+// Binds `slot` to the plan's kernel for the op when the plan has an entry for it, and
+// records the kernel in `used` for the caller's check_runs_on. (Not named `bind`:
+// argument-dependent lookup would find std::bind for span-taking kernels.)
+template <typename Fn>
+void bind_entry(std::vector<const KernelInfo*>& used, const Plan& plan, int layer, ModelRole role, Op op, Fn*& slot,
+                std::optional<WeightFormat> format = {}) {
+  const PlanEntry* entry = plan.find(layer, role, op, format);
+  if (!entry) return;
+  slot = entry->kernel->template entry_as<Fn>();
+  used.push_back(entry->kernel);
+}
+
+// Binds the slots every backend's kernel table has, by the same names: gemm and experts
+// (per WeightFormat), embedding, attend_prefill, attend_decode, pool, index, mix, norm.
+// Each slot's type is the signature that backend calls, checked against the entry.
+template <typename Table>
+void bind_common(Table& k, const Plan& plan, int layer, ModelRole role) {
+  for (const WeightFormat f : all_weight_formats()) {
+    const auto i = static_cast<size_t>(f);
+    bind_entry(k.used, plan, layer, role, layer < 0 ? Op::lm_head : Op::dense_gemm, k.gemm[i], f);
+    bind_entry(k.used, plan, layer, role, Op::moe_gemm, k.experts[i], f);
+    bind_entry(k.used, plan, layer, role, Op::embedding, k.embedding, f);
+  }
+  bind_entry(k.used, plan, layer, role, Op::attention_prefill, k.attend_prefill);
+  bind_entry(k.used, plan, layer, role, Op::attention_decode, k.attend_decode);
+  bind_entry(k.used, plan, layer, role, Op::compressor, k.pool);
+  bind_entry(k.used, plan, layer, role, Op::indexer, k.index);
+  bind_entry(k.used, plan, layer, role, Op::mhc, k.mix);
+  bind_entry(k.used, plan, layer, role, Op::norm, k.norm);
+}
+
 // The kernels of `layer` (-1: top level) for `role`, from a plan made for Arch::cpu.
 LayerKernels bind_kernels(const Plan& plan, int layer, ModelRole role);
 

@@ -25,6 +25,14 @@ namespace keel {
 
 enum class LogitRows { all, last };
 
+// Error(bad_input) for an empty call, an id outside the vocabulary (naming it and its
+// index), or a sequence of `length` tokens that `tokens` would take past
+// max_position_embeddings. Every backend checks its input with it.
+void check_tokens(const ModelConfig& config, int64_t length, std::span<const int32_t> tokens);
+
+// The mHC parameters of the config.
+HyperParams hyper_params(const ModelConfig& config);
+
 class Model {
  public:
   // Called while weights are read in: bytes done, bytes total.

@@ -55,6 +55,14 @@ void register_cpu_kernels(Registry& r) {
   add_cpu(r, Op::mhc, &hyper_mix, "per-token mix with Sinkhorn projection, collapse, expand");
   add_cpu(r, Op::norm, &rms_norm, "RMSNorm in f32");
   add_cpu(r, Op::sampling, &sample_cpu, "greedy or temperature/top-k/top-p/min-p, seeded");
+  // A GPU backend returns logits to the host, where the same sampler picks the token.
+  KernelInfo host{.name = "host",
+                  .op = Op::sampling,
+                  .archs = ArchSet::gpus_from(Arch::sm_80),
+                  .activations = {Activation::f32},
+                  .priority = 0,
+                  .summary = "the CPU sampler over logits copied back from the GPU"};
+  r.add(std::move(host.with_entry(&sample_cpu)));
 }
 
 }  // namespace keel

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <fmt/format.h>
 #include <filesystem>
 #include <fstream>
@@ -319,26 +320,43 @@ SynthResult synth_checkpoint(const SynthOptions& options, const std::string& dir
     for (auto& p : parts) shards.back().push_back(std::move(p));
   }
 
+  // Shards are independent files and every tensor draws from its own seeded stream, so
+  // they are written in parallel with the same bytes as one at a time.
   ShardWriter writer(c, options.seed);
+  const auto file_name = [&](size_t s) {
+    return shards.size() == 1 ? std::string("model.safetensors")
+                              : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+  };
+  std::vector<uint64_t> tensors(shards.size()), bytes(shards.size());
+  std::vector<std::exception_ptr> errors(shards.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t s = 0; s < shards.size(); ++s) {
+    try {
+      SafetensorsWriter w;
+      w.set_metadata("format", "pt");
+      for (size_t i = 0; i < shards[s].size();) {
+        // A quantized weight and its scale are consecutive and share one draw.
+        const bool pair = i + 1 < shards[s].size() && shards[s][i + 1].spec == shards[s][i].spec;
+        std::vector<Planned> parts(shards[s].begin() + i, shards[s].begin() + i + (pair ? 2 : 1));
+        writer.add(w, parts);
+        i += parts.size();
+      }
+      w.write((std::filesystem::path(directory) / file_name(s)).string());
+      tensors[s] = w.entries().size();
+      bytes[s] = w.data_bytes();
+    } catch (...) {
+      errors[s] = std::current_exception();
+    }
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
   std::map<std::string, std::string> weight_map;
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                                              shards.size());
-    SafetensorsWriter w;
-    w.set_metadata("format", "pt");
-    for (size_t i = 0; i < shards[s].size();) {
-      // A quantized weight and its scale are consecutive and share one draw.
-      const bool pair = i + 1 < shards[s].size() && shards[s][i + 1].spec == shards[s][i].spec;
-      std::vector<Planned> parts(shards[s].begin() + i, shards[s].begin() + i + (pair ? 2 : 1));
-      writer.add(w, parts);
-      for (const auto& p : parts) weight_map[p.name] = file;
-      i += parts.size();
-    }
-    w.write((std::filesystem::path(directory) / file).string());
-    result.files.push_back(file);
-    result.tensors += w.entries().size();
-    result.bytes += w.data_bytes();
+    for (const Planned& p : shards[s]) weight_map[p.name] = file_name(s);
+    result.files.push_back(file_name(s));
+    result.tensors += tensors[s];
+    result.bytes += bytes[s];
   }
   if (shards.size() > 1) {
     write_safetensors_index(directory, weight_map, result.bytes);

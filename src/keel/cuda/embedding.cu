@@ -1,0 +1,75 @@
+#include "cuda/embedding.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/check.cuh"
+#include "cuda/convert.cuh"
+#include "cuda/weight_decode.cuh"
+
+namespace keel::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One block per token; threads stride over the row, each value decoded once and stored
+// to every copy (coalesced: consecutive threads, consecutive columns).
+template <WeightFormat F, DType T>
+__global__ void __launch_bounds__(kThreads)
+    gather(DeviceWeight w, const int32_t* __restrict__ tokens, int copies, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = tokens[t];
+  float* o = out + t * copies * w.in;
+  const bool inside = row >= 0 && row < w.out;
+  for (int64_t k = threadIdx.x; k < w.in; k += blockDim.x) {
+    const float v = inside ? weight_value<F, T>(w, row, k) : __uint_as_float(0x7fc00000u);
+    for (int c = 0; c < copies; ++c) o[c * w.in + k] = v;
+  }
+}
+
+template <WeightFormat F, DType T>
+void launch(const DeviceWeight& w, const int32_t* tokens, int64_t count, int copies, float* out,
+            cudaStream_t stream) {
+  gather<F, T><<<static_cast<unsigned>(count), kThreads, 0, stream>>>(w, tokens, copies, out);
+  check(cudaGetLastError(), "embed launch");
+}
+
+}  // namespace
+
+void embed(const DeviceWeight& table, const int32_t* tokens, int64_t count, int copies, float* out,
+           void* stream_ptr) {
+  if (copies <= 0) throw std::runtime_error("cuda::embed: copies " + std::to_string(copies) + " is not positive");
+  if (count <= 0) return;
+  if (count > 0x7fffffff) throw std::runtime_error("cuda::embed: too many tokens (" + std::to_string(count) + ")");
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const auto& w = table;
+  switch (w.format) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16:
+      if (w.dtype == DType::f32) return launch<WeightFormat::f32, DType::f32>(w, tokens, count, copies, out, stream);
+      if (w.dtype == DType::bf16) return launch<WeightFormat::bf16, DType::bf16>(w, tokens, count, copies, out, stream);
+      if (w.dtype == DType::f16) return launch<WeightFormat::bf16, DType::f16>(w, tokens, count, copies, out, stream);
+      break;
+    case WeightFormat::fp8_block:
+      return launch<WeightFormat::fp8_block, DType::f8_e4m3>(w, tokens, count, copies, out, stream);
+    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4, DType::i8>(w, tokens, count, copies, out, stream);
+    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4, DType::u8>(w, tokens, count, copies, out, stream);
+  }
+  throw std::runtime_error("cuda::embed: no kernel for this table dtype");
+}
+
+void register_embedding(Registry& registry) {
+  KernelInfo k{.name = "cuda_embed",
+               .op = Op::embedding,
+               .archs = ArchSet::gpus_from(Arch::sm_80),
+               .formats = {WeightFormat::bf16, WeightFormat::f32, WeightFormat::fp8_block, WeightFormat::mxfp4,
+                           WeightFormat::nvfp4},
+               .activations = {Activation::f32},
+               .priority = 1,
+               .summary = "row gather, one block per token, decoded exactly and stored to each hc stream"};
+  registry.add(std::move(k.with_entry(&embed)));
+}
+
+}  // namespace keel::cuda

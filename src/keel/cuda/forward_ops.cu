@@ -1,0 +1,61 @@
+#include "cuda/check.cuh"
+#include "cuda/forward_ops.h"
+
+namespace keel::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__global__ void scale_kernel(float* x, int64_t count, float factor) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i < count) x[i] *= factor;
+}
+
+// One thread per (window, slot, channel).
+__global__ void slots_kernel(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
+                             int half, int64_t first_row, int64_t windows, bool previous, float* values,
+                             float* gates) {
+  const int slots = previous ? 2 * ratio : ratio;
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= windows * slots * dim) return;
+  const int c = static_cast<int>(i % dim);
+  const int s = static_cast<int>(i / dim % slots);
+  const int64_t w = i / (int64_t{dim} * slots);
+  const int64_t start = first_row + w * ratio;
+  int64_t row;
+  int channel, j;
+  if (previous && s < ratio) {  // the window before: its first series
+    j = s;
+    row = start - ratio + j;
+    channel = c;
+  } else {
+    j = previous ? s - ratio : s;
+    row = start + j;
+    channel = half + c;
+  }
+  values[i] = kv[row * width + channel];
+  gates[i] = gate[row * width + channel] + ape[int64_t{j} * width + channel];
+}
+
+}  // namespace
+
+void scale(float* x, int64_t count, float factor, void* stream) {
+  if (count <= 0) return;
+  scale_kernel<<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, count, factor);
+  check(cudaGetLastError(), "scale launch");
+}
+
+void compressor_slots(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
+                      bool overlapping, int64_t first_row, int64_t windows, bool previous, float* values,
+                      float* gates, void* stream) {
+  const int slots = previous ? 2 * ratio : ratio;
+  const int64_t n = windows * slots * dim;
+  if (n <= 0) return;
+  slots_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      kv, gate, ape, width, dim, ratio, overlapping ? dim : 0, first_row, windows, previous, values, gates);
+  check(cudaGetLastError(), "compressor_slots launch");
+}
+
+}  // namespace keel::cuda

@@ -1,0 +1,24 @@
+// The small steps of the GPU forward pass that the CPU forward pass does inline
+// (model/forward.cpp): scaling, and laying out a compressor's windows
+// for pool_slots. f32 / int32 in device memory, asynchronous on `stream`.
+#pragma once
+
+#include <cstdint>
+
+namespace keel::cuda {
+
+// x[i] *= factor for i < count.
+void scale(float* x, int64_t count, float factor, void* stream = nullptr);
+
+// The slots of `windows` consecutive compressor windows (dsv4-forward.md §5.6, §5.7),
+// from token projections kv, gate ([rows, width], gate logits without the position
+// bias). Window i covers rows [first_row + i·ratio, + ratio); its slot j takes channels
+// [half, half + dim) of row j, with gate bias ape[j, half + c] (half = dim for CSA's
+// second series, 0 for HCA). With `previous` (CSA after the first window), the ratio
+// rows before the window come first as slots [0, ratio), channels [0, dim) with bias
+// ape[j, c]. values and gates are [windows, slots, dim], slots = ratio or 2·ratio.
+void compressor_slots(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
+                      bool overlapping, int64_t first_row, int64_t windows, bool previous, float* values,
+                      float* gates, void* stream = nullptr);
+
+}  // namespace keel::cuda

@@ -1,0 +1,760 @@
+// The GPU forward pass: model/forward.cpp step by step, on device buffers. Kernel
+// launches go through the entries the plan bound for each layer; the data movement in
+// between is cudaMemcpy and cuda/forward_ops.h.
+#include "cuda/gpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "base/error.h"
+#include "cuda/attention.h"
+#include "cuda/compressor.h"
+#include "cuda/device.h"
+#include "cuda/embedding.h"
+#include "cuda/forward_ops.h"
+#include "cuda/indexer.h"
+#include "cuda/mhc.h"
+#include "cuda/moe.h"
+#include "cuda/moe_routing.h"
+#include "cuda/norm.h"
+
+namespace keel::cuda {
+
+// The entry points the plan chose for one layer (or the top level), as model/kernels.h
+// does for the CPU, with the CUDA launchers' signatures (bound by bind_common).
+struct GpuModel::Kernels {
+  using Linear = void(const DeviceWeight&, const float*, float*, int64_t, void*);
+  std::array<Linear*, 5> gemm{};     // by planned WeightFormat (lm_head at top level)
+  std::array<decltype(&linear_pairs), 5> experts{};  // moe_gemm: (token, routed expert) pairs
+  decltype(&cuda::embed) embedding = nullptr;
+  decltype(&cuda::attend_decode) attend_prefill = nullptr;
+  decltype(&cuda::attend_decode) attend_decode = nullptr;
+  decltype(&cuda::pool_slots) pool = nullptr;
+  decltype(&cuda::indexer_select) index = nullptr;
+  decltype(&cuda::hyper_mix) mix = nullptr;
+  decltype(&cuda::rms_norm) norm = nullptr;
+  decltype(&cuda::route) routing = nullptr;
+  std::vector<const KernelInfo*> used;
+
+  void check(Arch running) const {
+    for (const KernelInfo* k : used) check_runs_on(*k, running);
+  }
+};
+
+// A weight on the device with the format the plan chose its kernel by (the schema's:
+// a float tensor stored as f32 where the schema says bf16 is planned as bf16).
+struct DeviceLinear {
+  DeviceWeight w;
+  WeightFormat planned = WeightFormat::bf16;
+};
+
+struct DeviceSite {
+  DeviceBuffer<float> fn, base, scale;
+};
+
+struct DeviceCompressor {
+  DeviceLinear wkv, wgate;
+  DeviceBuffer<float> ape, norm;
+  int ratio = 0, dim = 0;
+  bool overlapping = false;
+  int width() const { return overlapping ? 2 * dim : dim; }
+};
+
+struct DeviceExpert {
+  DeviceLinear w1, w2, w3;
+};
+
+namespace {
+
+GpuModel::Kernels bind_layer(const Plan& plan, int layer) {
+  GpuModel::Kernels k;
+  bind_common(k, plan, layer, ModelRole::target);
+  bind_entry(k.used, plan, layer, ModelRole::target, Op::moe_routing, k.routing);
+  return k;
+}
+
+// Rows [first, first + count) of a weight, as a weight of its own (no copy). FP8 block
+// scales cover 128 stored rows each, so the view keeps the scales and its row offset.
+DeviceWeight weight_rows(const DeviceWeight& w, int64_t first, int64_t count) {
+  DeviceWeight v = w;
+  v.out = count;
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  switch (w.format) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16: v.data = data + first * w.in * (w.dtype == DType::f32 ? 4 : 2); break;
+    case WeightFormat::fp8_block:
+      v.data = data + first * w.in;
+      v.first_row = w.first_row + first;
+      break;
+    case WeightFormat::mxfp4:
+      v.data = data + first * w.in / 2;
+      v.scale = w.scale + first * w.in / 32;
+      break;
+    case WeightFormat::nvfp4:
+      v.data = data + first * w.in / 2;
+      v.scale = w.scale + first * w.in / 16;
+      break;
+  }
+  return v;
+}
+
+void upload_floats(DeviceBuffer<float>& d, const std::vector<float>& host) { d.assign(std::span<const float>(host)); }
+
+}  // namespace
+
+// Host-to-device copies that do not stall the stream: a copy from pageable memory waits
+// for the stream to drain, so values go through pinned chunks instead, reused once the
+// forward call has ended (its final copy back synchronizes the stream).
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    for (const Chunk& c : chunks_) cudaFreeHost(c.data);
+  }
+  void reset() { current_ = used_ = 0; }
+  template <typename T>
+  void upload(DeviceBuffer<T>& to, std::span<const T> values, cudaStream_t stream) {
+    to.resize(values.size());
+    const size_t bytes = values.size_bytes();
+    if (bytes == 0) return;
+    void* pinned = take(bytes);
+    std::memcpy(pinned, values.data(), bytes);
+    check_api(cudaMemcpyAsync(to.data(), pinned, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+  }
+
+ private:
+  struct Chunk {
+    void* data;
+    size_t bytes;
+  };
+  void* take(size_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;
+    while (current_ < chunks_.size() && used_ + bytes > chunks_[current_].bytes) {
+      ++current_;
+      used_ = 0;
+    }
+    if (current_ == chunks_.size()) {
+      Chunk c{nullptr, std::max<size_t>(bytes, size_t{1} << 20)};
+      check_api(cudaMallocHost(&c.data, c.bytes), "cudaMallocHost");
+      chunks_.push_back(c);
+      used_ = 0;
+    }
+    void* p = static_cast<uint8_t*>(chunks_[current_].data) + used_;
+    used_ += bytes;
+    return p;
+  }
+  std::vector<Chunk> chunks_;
+  size_t current_ = 0, used_ = 0;
+};
+
+// Optional time per stage of the forward pass (keel bench --profile): an event at the
+// start of each stage on the stream; after the call's final synchronization, the time
+// up to the next event is the stage's (kernels, copies and any gap where the GPU waited
+// for the host).
+class StageTimer {
+ public:
+  StageTimer() = default;
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+  ~StageTimer() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void mark(const char* stage, cudaStream_t stream) {
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      check_api(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+    check_api(cudaEventRecord(events_[used_], stream), "cudaEventRecord");
+    stages_.resize(used_ + 1);
+    stages_[used_++] = stage;
+  }
+  // Adds the marked stages' times into `totals` (the last mark ends the call).
+  void collect(std::map<std::string, double>& totals) {
+    for (size_t i = 0; i + 1 < used_; ++i) {
+      float ms = 0;
+      check_api(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]), "cudaEventElapsedTime");
+      totals[stages_[i]] += ms * 1e-3;
+    }
+    used_ = 0;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> stages_;
+  size_t used_ = 0;
+};
+
+struct GpuModel::Layer {
+  AttentionKind kind = AttentionKind::sliding;
+  DeviceSite hc_attn, hc_ffn;
+  DeviceBuffer<float> attn_norm, ffn_norm, q_norm, kv_norm, sinks;
+  DeviceLinear wq_a, wq_b, wkv, wo_a, wo_b;
+  DeviceBuffer<DeviceWeight> wo_a_groups;  // wo_a's row groups, as views
+  DeviceWeight wo_a_group0;
+  std::optional<DeviceCompressor> compressor, index_compressor;
+  DeviceLinear index_wq_b, index_weights;
+  DeviceLinear gate;
+  DeviceBuffer<float> bias;
+  const std::vector<int32_t>* tid2eid = nullptr;  // hash layers (host)
+  // Routed experts by id, one device table per projection (entries without data: held
+  // by another rank), and one held expert's weights for the shapes and formats.
+  DeviceBuffer<DeviceWeight> w1s, w2s, w3s;
+  DeviceExpert like;
+  bool holds_any = false;
+  DeviceExpert shared;
+};
+
+// Intermediate buffers, grown as needed and kept between calls.
+struct GpuModel::Workspace {
+  Staging stage;
+  std::unique_ptr<StageTimer> timer;  // when profiling
+  DeviceBuffer<int32_t> tokens;
+  DeviceBuffer<int64_t> positions, entry_positions;
+  DeviceBuffer<float> streams, x, y, pre, post, comb, mix_scratch;
+  DeviceBuffer<float> qr, q, o, attention_scratch, group_in, group_out, u, index_q, index_w, index_scores;
+  DeviceBuffer<float> proj_kv, proj_gate, rows_kv, rows_gate, slot_values, slot_gates;
+  DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
+  DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_in, logits;
+  DeviceBuffer<int32_t> route_experts, hashed;
+};
+
+namespace {
+
+float* grow(DeviceBuffer<float>& b, int64_t n) {
+  b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// What every step of one forward call shares (model/forward.cpp's Step).
+struct Step {
+  const ModelConfig& c;
+  const ExpertShare& share;
+  const GpuModel::Kernels& k;
+  const DeviceRope& rope;
+  GpuModel::Workspace& ws;
+  cudaStream_t stream;
+  int64_t start, count;
+  std::span<const int32_t> tokens;
+  float eps() const { return static_cast<float>(c.rms_norm_eps); }
+
+  // y = x·Wᵀ through the plan's kernel for the weight's planned format.
+  void linear(const DeviceLinear& w, const float* x, float* y, int64_t rows) const {
+    auto* kernel = k.gemm[static_cast<size_t>(w.planned)];
+    if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU kernel was planned for a weight of this format");
+    kernel(w.w, x, y, rows, stream);
+  }
+  float* project(const DeviceLinear& w, const float* x, DeviceBuffer<float>& out) const {
+    float* y = grow(out, count * w.w.out);
+    linear(w, x, y, count);
+    return y;
+  }
+  void mark(const char* stage) const {
+    if (ws.timer) ws.timer->mark(stage, stream);
+  }
+  void copy(void* dst, const void* src, size_t bytes) const {
+    if (bytes) check_api(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  }
+};
+
+constexpr size_t kF = sizeof(float);
+
+// --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
+
+// Entries go to `entries` (row 0 = entry 0, rows of dim); the rest stays pending.
+void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& st, const float* x, float* entries) {
+  const int m = w.ratio, dim = w.dim;
+  const int64_t width = w.width(), row_bytes = width * kF;
+  const float* kv = s.project(w.wkv, x, s.ws.proj_kv);
+  const float* gate = s.project(w.wgate, x, s.ws.proj_gate);
+  // The token rows in order: the previous window (CSA), the open window, this chunk.
+  const int64_t before = w.overlapping && st.count > 0 ? m : 0;
+  const int64_t rows = before + st.pending + s.count, windows = (st.pending + s.count) / m;
+  float* all_kv = grow(s.ws.rows_kv, rows * width);
+  float* all_gate = grow(s.ws.rows_gate, rows * width);
+  s.copy(all_kv, st.previous_kv.data(), before * row_bytes);
+  s.copy(all_gate, st.previous_gate.data(), before * row_bytes);
+  s.copy(all_kv + before * width, st.pending_kv.data(), st.pending * row_bytes);
+  s.copy(all_gate + before * width, st.pending_gate.data(), st.pending * row_bytes);
+  s.copy(all_kv + (before + st.pending) * width, kv, s.count * row_bytes);
+  s.copy(all_gate + (before + st.pending) * width, gate, s.count * row_bytes);
+
+  if (windows > 0) {
+    float* out = entries + st.count * dim;
+    const float* ape = w.ape.data();
+    // CSA's first window has no previous series: ratio slots instead of 2·ratio.
+    const int64_t lone = w.overlapping && st.count == 0 ? 1 : 0;
+    const auto pool_windows = [&](int64_t first, int64_t n, bool previous) {
+      const int slots = previous ? 2 * m : m;
+      float* values = grow(s.ws.slot_values, n * slots * dim);
+      float* gates = grow(s.ws.slot_gates, n * slots * dim);
+      compressor_slots(all_kv, all_gate, ape, width, dim, m, w.overlapping, before + first * m, n, previous, values,
+                       gates, s.stream);
+      s.k.pool(values, gates, n, slots, dim, out + first * dim, s.stream);
+    };
+    if (lone) pool_windows(0, 1, false);
+    if (windows > lone) pool_windows(lone, windows - lone, w.overlapping);
+    s.k.norm(out, w.norm.data(), s.eps(), out, windows, dim, s.stream);
+    std::vector<int64_t> positions(windows);  // an entry sits at its window's start
+    for (int64_t i = 0; i < windows; ++i) positions[i] = (st.count + i) * m;
+    s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
+    cuda::rope(s.rope, out, windows, 1, dim, s.ws.entry_positions.data(), false, s.stream);
+    if (w.overlapping) {
+      const int64_t last = before + (windows - 1) * m;
+      st.previous_kv.resize(m * width);
+      st.previous_gate.resize(m * width);
+      s.copy(st.previous_kv.data(), all_kv + last * width, m * row_bytes);
+      s.copy(st.previous_gate.data(), all_gate + last * width, m * row_bytes);
+    }
+    st.count += windows;
+  }
+  const int64_t done = before + windows * m;
+  st.pending = static_cast<int>(rows - done);
+  st.pending_kv.resize(m * width);
+  st.pending_gate.resize(m * width);
+  s.copy(st.pending_kv.data(), all_kv + done * width, st.pending * row_bytes);
+  s.copy(st.pending_gate.data(), all_gate + done * width, st.pending * row_bytes);
+}
+
+// --- Attention (§5) ------------------------------------------------------------------------
+
+// Room for this chunk's keys and `entries` compressed entries; the ring and the entries
+// made so far move with a reallocation.
+void reserve_keys(const Step& s, DeviceLayerState& st, int64_t entries) {
+  const int64_t hd = s.c.head_dim, sw = s.c.sliding_window;
+  if (s.count <= st.chunk_rows && entries <= st.entry_rows) return;
+  const int64_t chunk = std::max(s.count, st.chunk_rows);
+  const int64_t room = std::max({entries, st.entry_rows * 2, int64_t{64}});
+  DeviceBuffer<float> keys(static_cast<size_t>((sw + chunk + room) * hd));
+  if (st.keys.size()) {
+    s.copy(keys.data(), st.keys.data(), sw * hd * kF);
+    s.copy(keys.data() + (sw + chunk) * hd, st.keys.data() + (sw + st.chunk_rows) * hd,
+           st.compressor.count * hd * kF);
+  }
+  st.keys = std::move(keys);
+  st.chunk_rows = chunk;
+  st.entry_rows = room;
+}
+
+// Key lists per token (window rows, then HCA entries or room for the indexer's picks).
+struct KeyLists {
+  std::vector<int32_t> index, offsets{0};
+  std::vector<int32_t> visible, picks_at;  // CSA: per token
+  int64_t max_visible = 0;
+  int longest = 0;  // keys of the longest list
+};
+
+KeyLists key_lists(const Step& s, const GpuModel::Layer& L, const DeviceLayerState& st) {
+  const int64_t sw = s.c.sliding_window, chunk_base = sw, entry_base = sw + st.chunk_rows;
+  KeyLists k;
+  for (int64_t t = 0; t < s.count; ++t) {
+    const int64_t p = s.start + t;
+    for (int64_t j = std::max<int64_t>(0, p - sw + 1); j <= p; ++j) {
+      k.index.push_back(static_cast<int32_t>(j >= s.start ? chunk_base + (j - s.start) : j % sw));
+    }
+    if (L.compressor) {
+      const int64_t visible = (p + 1) / L.compressor->ratio;
+      if (!L.index_compressor) {
+        for (int64_t w = 0; w < visible; ++w) k.index.push_back(static_cast<int32_t>(entry_base + w));
+      } else {
+        k.visible.push_back(static_cast<int32_t>(visible));
+        k.picks_at.push_back(static_cast<int32_t>(k.index.size()));
+        k.max_visible = std::max(k.max_visible, visible);
+        k.index.resize(k.index.size() + std::min<int64_t>(visible, s.c.index_topk), -1);
+      }
+    }
+    k.offsets.push_back(static_cast<int32_t>(k.index.size()));
+    k.longest = std::max(k.longest, k.offsets.back() - k.offsets[k.offsets.size() - 2]);
+  }
+  return k;
+}
+
+void attention(const Step& s, const GpuModel::Layer& L, DeviceLayerState& st, const float* x, float* y) {
+  const ModelConfig& c = s.c;
+  const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
+  GpuModel::Workspace& ws = s.ws;
+  const int64_t* positions = ws.positions.data();
+
+  s.mark("attention: q, kv projections, norms, rope");
+  float* qr = s.project(L.wq_a, x, ws.qr);
+  s.k.norm(qr, L.q_norm.data(), s.eps(), qr, S, c.q_lora_rank, s.stream);
+  float* q = s.project(L.wq_b, qr, ws.q);
+  rms_norm_unweighted(q, s.eps(), S * H, hd, s.stream);
+  cuda::rope(s.rope, q, S, static_cast<int>(H), static_cast<int>(hd), positions, false, s.stream);
+
+  const int ratio = L.compressor ? L.compressor->ratio : 1;
+  reserve_keys(s, st, L.compressor ? st.compressor.count + (st.compressor.pending + S) / ratio : 0);
+  float* chunk_keys = st.keys.data() + sw * hd;
+  s.linear(L.wkv, x, chunk_keys, S);
+  s.k.norm(chunk_keys, L.kv_norm.data(), s.eps(), chunk_keys, S, hd, s.stream);
+  cuda::rope(s.rope, chunk_keys, S, 1, static_cast<int>(hd), positions, false, s.stream);
+  s.mark("attention: compressor");
+  if (L.compressor) compress(s, *L.compressor, st.compressor, x, st.keys.data() + (sw + st.chunk_rows) * hd);
+
+  const float* index_q = nullptr;
+  const float* index_w = nullptr;
+  if (L.index_compressor) {
+    s.mark("attention: indexer keys and queries");
+    const DeviceCompressor& ic = *L.index_compressor;
+    st.index_keys.resize((st.indexer.count + (st.indexer.pending + S) / ic.ratio) * ic.dim);
+    compress(s, ic, st.indexer, x, st.index_keys.data());
+    float* iq = s.project(L.index_wq_b, qr, ws.index_q);
+    cuda::rope(s.rope, iq, S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
+    float* iw = s.project(L.index_weights, x, ws.index_w);
+    scale(iw, S * c.index_n_heads, 1.0f / std::sqrt(static_cast<float>(c.index_n_heads)), s.stream);
+    index_q = iq;
+    index_w = iw;
+  }
+
+  s.mark("attention: key lists, indexer top-k");
+  const KeyLists keys = key_lists(s, L, st);
+  ws.stage.upload(ws.key_index, std::span<const int32_t>(keys.index), s.stream);
+  ws.stage.upload(ws.key_offsets, std::span<const int32_t>(keys.offsets), s.stream);
+  if (L.index_compressor) {
+    ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
+    ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
+    float* scores = grow(ws.index_scores, std::max<int64_t>(1, S * keys.max_visible));
+    s.k.index(index_q, index_w, S, c.index_n_heads, c.index_head_dim, st.index_keys.data(), ws.index_visible.data(),
+              keys.max_visible, c.index_topk, static_cast<int32_t>(sw + st.chunk_rows), ws.index_offsets.data(),
+              ws.key_index.data(), scores, s.stream);
+  }
+  s.mark("attention: attend, inverse rope");
+  float* o = grow(ws.o, S * H * hd);
+  const auto attend = S == 1 ? s.k.attend_decode : s.k.attend_prefill;
+  const int max_keys = keys.longest;
+  float* scratch = grow(ws.attention_scratch,
+                        std::max<int64_t>(1, attend_decode_scratch(static_cast<int>(S), static_cast<int>(H),
+                                                                   static_cast<int>(hd), max_keys)));
+  attend(q, static_cast<int>(S), static_cast<int>(H), static_cast<int>(hd), st.keys.data(), ws.key_index.data(),
+         ws.key_offsets.data(), L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o, scratch, max_keys,
+         s.stream);
+  cuda::rope(s.rope, o, S, static_cast<int>(H), static_cast<int>(hd), positions, /*inverse=*/true, s.stream);
+
+  for (int64_t p = std::max(s.start, s.start + S - sw); p < s.start + S; ++p) {  // the ring keeps the newest
+    s.copy(st.keys.data() + (p % sw) * hd, chunk_keys + (p - s.start) * hd, hd * kF);
+  }
+
+  s.mark("attention: ring, output projections");
+  // Grouped output projection: group g's heads through rows [g·r, (g+1)·r) of wo_a.
+  const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
+  float* u = grow(ws.u, S * G * r);
+  auto* planned = s.k.gemm[static_cast<size_t>(L.wo_a.planned)];
+  if (planned == &cuda::linear) {
+    // cuda_gemv's pair form, one launch: pair t·G + g is row t·G + g of o seen as
+    // [S·G, group_in] through group g's rows, into row t·G + g of u seen as [S·G, r].
+    std::vector<int32_t> groups(S * G);
+    for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
+    ws.stage.upload(ws.group_ids, std::span<const int32_t>(groups), s.stream);
+    linear_pairs(L.wo_a_groups.data(), L.wo_a_group0, ws.group_ids.data(), S * G, 1, o, u, s.stream);
+  } else {
+    float* gin = grow(ws.group_in, S * group_in);
+    float* gout = grow(ws.group_out, S * r);
+    for (int64_t g = 0; g < G; ++g) {
+      check_api(cudaMemcpy2DAsync(gin, group_in * kF, o + g * group_in, H * hd * kF, group_in * kF, S,
+                                  cudaMemcpyDeviceToDevice, s.stream),
+                "cudaMemcpy2DAsync");
+      s.linear(DeviceLinear{weight_rows(L.wo_a.w, g * r, r), L.wo_a.planned}, gin, gout, S);
+      check_api(cudaMemcpy2DAsync(u + g * r, G * r * kF, gout, r * kF, r * kF, S, cudaMemcpyDeviceToDevice,
+                                  s.stream),
+                "cudaMemcpy2DAsync");
+    }
+  }
+  s.linear(L.wo_b, u, y, S);
+}
+
+// --- MoE (§6) --------------------------------------------------------------------------------
+
+// h = clamped_swiglu(gate(x), up(x)) into `g` ([rows, I]), `up` as scratch.
+void swiglu_limit(const Step& s, float* g, const float* up, int64_t n) {
+  clamped_swiglu(g, up, n, static_cast<float>(s.c.swiglu_limit), s.stream);
+}
+
+// Routing, then every (token, routed expert) pair through its expert with the expert
+// ids read on the device (no host round trip), the weighted sum per token, the shared
+// expert, and across ranks the all-reduce of the partial sums.
+void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
+  const ModelConfig& c = s.c;
+  GpuModel::Workspace& ws = s.ws;
+  const int64_t S = s.count, E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
+  s.mark("moe: router");
+  float* scores = s.project(L.gate, x, ws.scores);
+  const int32_t* hashed = nullptr;
+  if (L.tid2eid) {
+    std::vector<int32_t> rows(S * k);
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&(*L.tid2eid)[s.tokens[t] * k], k, &rows[t * k]);
+    ws.stage.upload(ws.hashed, std::span<const int32_t>(rows), s.stream);
+    hashed = ws.hashed.data();
+  }
+  const int64_t pairs = S * k;
+  ws.route_experts.resize(pairs);
+  float* weights = grow(ws.route_weights, pairs);
+  s.k.routing(scores, S, static_cast<int>(E), c.scoring_func, L.bias.size() ? L.bias.data() : nullptr, hashed,
+              static_cast<int>(k), static_cast<float>(c.routed_scaling_factor), ws.route_experts.data(), weights,
+              s.stream);
+
+  s.mark("moe: routed experts");
+  float* y = grow(ws.expert_out, pairs * D);
+  if (L.holds_any) {
+    const int64_t I = L.like.w1.w.out;
+    float* g = grow(ws.g, pairs * I);
+    float* up = grow(ws.up, pairs * I);
+    const auto pairs_through = [&](const DeviceBuffer<DeviceWeight>& table, const DeviceLinear& like, int per_row,
+                                   const float* in, float* result) {
+      auto* kernel = s.k.experts[static_cast<size_t>(like.planned)];
+      if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU kernel was planned for the routed experts' format");
+      kernel(table.data(), like.w, ws.route_experts.data(), pairs, per_row, in, result, s.stream);
+    };
+    pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
+    pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
+    swiglu_limit(s, g, up, pairs * I);
+    pairs_through(L.w2s, L.like.w2, 1, g, y);
+  } else {
+    check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
+  }
+  s.mark("moe: shared expert, combine");
+  const float* shared = nullptr;
+  if (s.share.rank == 0) {  // the shared expert, once across the ranks
+    const int64_t I = L.shared.w1.w.out;
+    float* g = grow(ws.shared_g, S * I);
+    float* up = grow(ws.shared_up, S * I);
+    float* ys = grow(ws.shared_out, S * D);
+    s.linear(L.shared.w1, x, g, S);
+    s.linear(L.shared.w3, x, up, S);
+    swiglu_limit(s, g, up, S * I);
+    s.linear(L.shared.w2, g, ys, S);
+    shared = ys;
+  }
+  combine_pairs(y, weights, S, static_cast<int>(k), D, shared, out, s.stream);
+  if (s.share.ranks() > 1) {
+    s.mark("moe: all-reduce");
+    s.share.all_reduce(out, S * D, s.stream);
+  }
+}
+
+// --- One decoder layer (§3.1) -------------------------------------------------------------
+
+template <typename Sublayer>
+void hyper_block(const Step& s, const HyperParams& hp, const DeviceSite& site, const DeviceBuffer<float>& norm,
+                 Sublayer&& sublayer) {
+  GpuModel::Workspace& ws = s.ws;
+  const int64_t S = s.count, D = s.c.hidden_size;
+  float* pre = grow(ws.pre, S * hp.hc);
+  float* post = grow(ws.post, S * hp.hc);
+  float* comb = grow(ws.comb, S * hp.hc * hp.hc);
+  float* scratch = grow(ws.mix_scratch, std::max<int64_t>(1, hyper_mix_scratch(hp, S)));
+  s.mark("mhc: mix, collapse, norm");
+  s.k.mix(hp, site.fn.data(), site.base.data(), site.scale.data(), ws.streams.data(), S, pre, post, comb, scratch,
+          s.stream);
+  float* x = grow(ws.x, S * D);
+  hyper_collapse(hp, pre, ws.streams.data(), S, x, s.stream);
+  s.k.norm(x, norm.data(), s.eps(), x, S, D, s.stream);
+  float* y = grow(ws.y, S * D);
+  sublayer(x, y);
+  s.mark("mhc: expand");
+  hyper_expand(hp, post, comb, y, ws.streams.data(), S, s.stream);
+}
+
+DeviceLinear upload_linear(const Weight* w, std::vector<DeviceWeight>& owned, uint64_t& bytes) {
+  DeviceLinear l{upload(*w), w->spec->format};
+  owned.push_back(l.w);
+  bytes += l.w.bytes;
+  return l;
+}
+
+}  // namespace
+
+uint64_t DeviceSequence::state_bytes() const {
+  uint64_t bytes = 0;
+  const auto compressor = [](const DeviceCompressorState& c) {
+    return c.pending_kv.bytes() + c.pending_gate.bytes() + c.previous_kv.bytes() + c.previous_gate.bytes();
+  };
+  for (const DeviceLayerState& l : layers) {
+    bytes += l.keys.bytes() + l.index_keys.bytes() + compressor(l.compressor) + compressor(l.indexer);
+  }
+  return bytes;
+}
+
+std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const BackendChoices& target,
+                                           const BackendChoices& draft, ExpertShare share) {
+  const std::vector<DeviceInfo> gpus = devices();
+  if (device < 0 || device >= static_cast<int>(gpus.size())) {
+    fail(ErrorCode::usage, {}, "no CUDA device " + std::to_string(device) + " (" + std::to_string(gpus.size()) +
+                                   " found)");
+  }
+  const std::optional<Arch> arch = arch_of_capability(gpus[device].major, gpus[device].minor);
+  if (!arch) {
+    fail(ErrorCode::usage, {}, gpus[device].name + " (compute capability " + std::to_string(gpus[device].major) + "." +
+                                   std::to_string(gpus[device].minor) + ") is not a GPU keel has kernels for");
+  }
+  std::unique_ptr<GpuModel> m(new GpuModel(model));
+  const ModelConfig& c = model.config();
+  m->plan_ = resolve_plan({.config = c, .arch = *arch, .target = target, .draft = draft});
+  m->device_ = device;
+  if (share.ranks() < 1 || share.rank < 0 || share.rank >= share.ranks() || (share.ranks() > 1 && !share.all_reduce)) {
+    fail(ErrorCode::usage, {}, "an expert share needs 0 <= rank < ranks and, with several ranks, an all-reduce");
+  }
+  m->share_ = std::move(share);
+  check_api(cudaSetDevice(device), "cudaSetDevice");
+  check_api(cudaStreamCreate(&m->stream_), "cudaStreamCreate");
+  m->top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1));
+  for (int l = 0; l < c.num_hidden_layers; ++l) m->layer_kernels_.push_back(bind_layer(m->plan_, l));
+  m->top_kernels_->check(*arch);
+  for (const Kernels& k : m->layer_kernels_) k.check(*arch);
+  m->work_ = std::make_unique<Workspace>();
+
+  const ModelTensors& t = model.tensors();
+  auto& owned = m->owned_;
+  auto& bytes = m->weight_bytes_;
+  const auto linear = [&](const Weight* w) { return upload_linear(w, owned, bytes); };
+  const auto site = [](DeviceSite& d, const HyperSite& h) {
+    upload_floats(d.fn, h.fn);
+    upload_floats(d.base, h.base);
+    upload_floats(d.scale, h.scale);
+  };
+  const auto compressor = [&](const CompressorWeights& w) {
+    DeviceCompressor d{linear(w.wkv), linear(w.wgate)};
+    upload_floats(d.ape, w.ape);
+    upload_floats(d.norm, w.norm);
+    d.ratio = w.ratio;
+    d.dim = w.dim;
+    d.overlapping = w.overlapping;
+    return d;
+  };
+  const auto expert = [&](const ExpertWeights& e) { return DeviceExpert{linear(e.w1), linear(e.w2), linear(e.w3)}; };
+  m->embed_ = upload(*t.embed);
+  m->head_ = upload(*t.head);
+  owned.push_back(m->embed_);
+  owned.push_back(m->head_);
+  bytes += m->embed_.bytes + m->head_.bytes;
+  upload_floats(m->norm_, t.norm);
+  upload_floats(m->head_fn_, t.hc_head.fn);
+  upload_floats(m->head_base_, t.hc_head.base);
+  upload_floats(m->head_scale_, t.hc_head.scale);
+  m->layers_.resize(t.layers.size());
+  for (size_t l = 0; l < t.layers.size(); ++l) {
+    const LayerWeights& w = t.layers[l];
+    Layer& d = m->layers_[l];
+    d.kind = w.attn.kind;
+    site(d.hc_attn, w.hc_attn);
+    site(d.hc_ffn, w.hc_ffn);
+    upload_floats(d.attn_norm, w.attn_norm);
+    upload_floats(d.ffn_norm, w.ffn_norm);
+    upload_floats(d.q_norm, w.attn.q_norm);
+    upload_floats(d.kv_norm, w.attn.kv_norm);
+    upload_floats(d.sinks, w.attn.sinks);
+    d.wq_a = linear(w.attn.wq_a);
+    d.wq_b = linear(w.attn.wq_b);
+    d.wkv = linear(w.attn.wkv);
+    d.wo_a = linear(w.attn.wo_a);
+    std::vector<DeviceWeight> groups;
+    for (int64_t g = 0; g < c.o_groups; ++g) groups.push_back(weight_rows(d.wo_a.w, g * c.o_lora_rank, c.o_lora_rank));
+    d.wo_a_groups.assign(std::span<const DeviceWeight>(groups));
+    d.wo_a_group0 = groups.front();
+    d.wo_b = linear(w.attn.wo_b);
+    if (w.attn.compressor) d.compressor = compressor(*w.attn.compressor);
+    if (w.attn.indexer) {
+      d.index_compressor = compressor(w.attn.indexer->compressor);
+      d.index_wq_b = linear(w.attn.indexer->wq_b);
+      d.index_weights = linear(w.attn.indexer->weights_proj);
+    }
+    d.gate = linear(w.ffn.gate);
+    upload_floats(d.bias, w.ffn.bias);
+    if (w.ffn.kind == MlpKind::hash_moe) d.tid2eid = &w.ffn.tid2eid;
+    std::vector<DeviceWeight> w1s, w2s, w3s;
+    for (size_t e = 0; e < w.ffn.experts.size(); ++e) {
+      DeviceExpert held{};
+      if (m->share_.holds(static_cast<int64_t>(e))) {
+        held = expert(w.ffn.experts[e]);
+        if (!d.holds_any) d.like = held;
+        d.holds_any = true;
+      }
+      w1s.push_back(held.w1.w);
+      w2s.push_back(held.w2.w);
+      w3s.push_back(held.w3.w);
+    }
+    d.w1s.assign(std::span<const DeviceWeight>(w1s));
+    d.w2s.assign(std::span<const DeviceWeight>(w2s));
+    d.w3s.assign(std::span<const DeviceWeight>(w3s));
+    d.shared = expert(w.ffn.shared);
+  }
+  m->rope_main_ = upload(Rope(c.rope_main));
+  m->rope_compress_ = upload(Rope(c.rope_compress));
+  check_api(cudaDeviceSynchronize(), "weights upload");
+  return m;
+}
+
+GpuModel::GpuModel(const Model& host) : host_(host) {}
+
+GpuModel::~GpuModel() {
+  cudaSetDevice(device_);
+  for (DeviceWeight& w : owned_) release(w);
+  release(rope_main_);
+  release(rope_compress_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+DeviceSequence GpuModel::new_sequence() const {
+  DeviceSequence s;
+  s.layers.resize(static_cast<size_t>(config().num_hidden_layers));
+  return s;
+}
+
+std::vector<float> GpuModel::forward(DeviceSequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
+  const ModelConfig& c = config();
+  check_tokens(c, seq.length, tokens);
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const HyperParams hp = hyper_params(c);
+  Workspace& ws = *work_;
+  const Kernels& top = *top_kernels_;
+  top.check(plan_.arch);
+
+  ws.stage.reset();  // the last call's copies are done: it ended with a synchronizing copy
+  ws.stage.upload(ws.tokens, tokens, stream_);
+  std::vector<int64_t> positions(S);
+  for (int64_t t = 0; t < S; ++t) positions[t] = seq.length + t;
+  ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
+  grow(ws.streams, S * hp.hc * D);
+  if (ws.timer) ws.timer->mark("embedding", stream_);
+  top.embedding(embed_, ws.tokens.data(), S, hp.hc, ws.streams.data(), stream_);
+
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Layer& L = layers_[l];
+    const Kernels& k = layer_kernels_[l];
+    k.check(plan_.arch);
+    const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
+    const Step s{c, share_, k, rope, ws, stream_, seq.length, S, tokens};
+    DeviceLayerState& st = seq.layers[l];
+    hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, st, x, y); });
+    hyper_block(s, hp, L.hc_ffn, L.ffn_norm, [&](const float* x, float* y) { moe(s, L, x, y); });
+  }
+  seq.length += S;
+
+  const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
+  if (ws.timer) ws.timer->mark("head: hc_head, norm, lm_head, copy back", stream_);
+  float* h = grow(ws.head_in, n * D);
+  hyper_head(hp, head_fn_.data(), head_base_.data(), head_scale_.data(), ws.streams.data() + first * hp.hc * D, n, h,
+             stream_);
+  top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
+  grow(ws.logits, n * V);
+  top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), n, stream_);
+  std::vector<float> logits = ws.logits.to_host(stream_);
+  if (ws.timer) {
+    ws.timer->mark("end", stream_);
+    check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    ws.timer->collect(profile_);
+  }
+  return logits;
+}
+
+void GpuModel::set_profiling(bool on) {
+  work_->timer = on ? std::make_unique<StageTimer>() : nullptr;
+  profile_.clear();
+}
+
+}  // namespace keel::cuda

@@ -1,0 +1,182 @@
+#include "parallel/expert_parallel.h"
+
+#include <nccl.h>
+
+#include <cstdlib>
+#include <exception>
+#include <fmt/format.h>
+#include <stdexcept>
+#include <thread>
+
+#include "base/error.h"
+#include "cuda/device.h"
+
+namespace keel::parallel {
+namespace {
+
+void check_nccl(ncclResult_t status, const char* what) {
+  if (status != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(status));
+}
+
+}  // namespace
+
+// The communicators, and rank 0's timing of its all-reduces within one forward call.
+struct ExpertParallelModel::Comms {
+  std::vector<ncclComm_t> comms;
+  std::vector<cudaEvent_t> marks;  // rank 0: start, stop of each all-reduce of the call
+  size_t used = 0;
+
+  ~Comms() {
+    for (cudaEvent_t e : marks) cudaEventDestroy(e);
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
+  }
+  void all_reduce(int rank, float* data, int64_t count, cudaStream_t stream) {
+    const bool timed = rank == 0;
+    if (timed) mark(stream);
+    check_nccl(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum, comms[rank], stream),
+               "ncclAllReduce");
+    if (timed) mark(stream);
+  }
+  void mark(cudaStream_t stream) {
+    if (used == marks.size()) {
+      cudaEvent_t e;
+      cuda::check_api(cudaEventCreate(&e), "cudaEventCreate");
+      marks.push_back(e);
+    }
+    cuda::check_api(cudaEventRecord(marks[used++], stream), "cudaEventRecord");
+  }
+  // Seconds between the recorded pairs (the stream has been synchronized), then forgets them.
+  double take_seconds() {
+    double s = 0;
+    for (size_t i = 0; i + 1 < used; i += 2) {
+      float ms = 0;
+      cuda::check_api(cudaEventElapsedTime(&ms, marks[i], marks[i + 1]), "cudaEventElapsedTime");
+      s += ms * 1e-3;
+    }
+    used = 0;
+    return s;
+  }
+};
+
+std::unique_ptr<ExpertParallelModel> ExpertParallelModel::create(const Model& model, int gpus,
+                                                                 const BackendChoices& target,
+                                                                 const BackendChoices& draft) {
+  const std::vector<cuda::DeviceInfo> found = cuda::devices();
+  if (gpus < 1 || gpus > static_cast<int>(found.size())) {
+    fail(ErrorCode::usage, {.field = "--gpus"},
+         fmt::format("{} GPUs asked for, {} present", gpus, found.size()));
+  }
+  for (int r = 1; r < gpus; ++r) {
+    if (found[r].major != found[0].major || found[r].minor != found[0].minor) {
+      fail(ErrorCode::usage, {.field = "--gpus"},
+           fmt::format("GPU {} ({}) is another architecture than GPU 0 ({}): one plan serves every rank", r,
+                       found[r].name, found[0].name));
+    }
+  }
+  // NVLink multicast (NVLS) stays off unless the user turned it on explicitly.
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  std::unique_ptr<ExpertParallelModel> m(new ExpertParallelModel);
+  m->comms_ = std::make_unique<Comms>();
+  Comms& comms = *m->comms_;
+  comms.comms.resize(gpus);
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < gpus; ++r) {
+    cuda::check_api(cudaSetDevice(r), "cudaSetDevice");
+    check_nccl(ncclCommInitRank(&comms.comms[r], gpus, id, r), "ncclCommInitRank");
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  for (int r = 0; r < gpus; ++r) {
+    cuda::ExpertShare share{r, ExpertSplit{gpus}, [&comms, r](float* data, int64_t count, cudaStream_t stream) {
+                              comms.all_reduce(r, data, count, stream);
+                            }};
+    m->ranks_.push_back(cuda::GpuModel::create(model, r, target, draft, std::move(share)));
+  }
+  return m;
+}
+
+ExpertParallelModel::~ExpertParallelModel() = default;
+
+ExpertParallelModel::Sequence ExpertParallelModel::new_sequence() const {
+  Sequence s;
+  for (const auto& r : ranks_) s.ranks.push_back(r->new_sequence());
+  return s;
+}
+
+std::vector<float> ExpertParallelModel::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows rows) {
+  const int n = gpus();
+  std::vector<std::vector<float>> logits(n);
+  std::vector<std::exception_ptr> errors(n);
+  const auto run = [&](int r) {
+    try {
+      logits[r] = ranks_[r]->forward(seq.ranks[r], tokens, rows);
+    } catch (...) {
+      errors[r] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) threads.emplace_back(run, r);
+  run(0);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  comm_seconds_ += comms_->take_seconds();  // rank 0's stream was synchronized by its forward
+  return std::move(logits[0]);
+}
+
+std::string ExpertParallelModel::layout() const {
+  std::string out = ranks_.front()->share().split.describe(ranks_.front()->config());
+  for (int r = 0; r < gpus(); ++r) {
+    out += fmt::format("  rank {} holds {:.1f} MiB of weights\n", r, ranks_[r]->weight_bytes() / 1048576.0);
+  }
+  return out;
+}
+
+double ExpertParallelModel::all_reduce_seconds(int64_t floats, int iterations) {
+  const int n = gpus();
+  std::vector<cuda::DeviceBuffer<float>> buffers;
+  std::vector<cudaStream_t> streams(n);
+  for (int r = 0; r < n; ++r) {
+    cuda::check_api(cudaSetDevice(r), "cudaSetDevice");
+    buffers.emplace_back(static_cast<size_t>(floats));
+    cuda::check_api(cudaMemset(buffers.back().data(), 0, floats * sizeof(float)), "cudaMemset");
+    cuda::check_api(cudaStreamCreate(&streams[r]), "cudaStreamCreate");
+  }
+  // Timed as the forward pass sees it: back-to-back calls on each rank's stream, CUDA
+  // events on rank 0's, so launches overlap the previous call as they do between layers.
+  cudaEvent_t start, stop;
+  cuda::check_api(cudaSetDevice(0), "cudaSetDevice");
+  cuda::check_api(cudaEventCreate(&start), "cudaEventCreate");
+  cuda::check_api(cudaEventCreate(&stop), "cudaEventCreate");
+  const auto round = [&](int count) {
+    cuda::check_api(cudaEventRecord(start, streams[0]), "cudaEventRecord");
+    for (int i = 0; i < count; ++i) {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < n; ++r) {
+        check_nccl(ncclAllReduce(buffers[r].data(), buffers[r].data(), static_cast<size_t>(floats), ncclFloat, ncclSum,
+                                 comms_->comms[r], streams[r]),
+                   "ncclAllReduce");
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    cuda::check_api(cudaEventRecord(stop, streams[0]), "cudaEventRecord");
+    for (int r = 0; r < n; ++r) cuda::check_api(cudaStreamSynchronize(streams[r]), "cudaStreamSynchronize");
+    float ms = 0;
+    cuda::check_api(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    return ms * 1e-3 / count;
+  };
+  round(5);  // warm-up: NCCL sets up its channels on first use
+  double best = 1e30;
+  for (int k = 0; k < 3; ++k) best = std::min(best, round(iterations));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    cudaStreamDestroy(streams[r]);
+  }
+  return best;
+}
+
+}  // namespace keel::parallel

@@ -1,0 +1,65 @@
+// DeepSeek-V4 over several GPUs of one host: expert parallelism for the MoE layers,
+// attention replicated (docs/multi-gpu.md says why), NCCL between the ranks.
+//
+// One process drives every GPU, one thread per GPU during a forward call: the host
+// model, tokenizer and server stay single, and NCCL sees the usual one-rank-per-GPU
+// layout (ncclCommInitRank on a unique id), so a multi-process launch across hosts
+// changes how the id is shared, not the forward pass.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_model.h"
+
+namespace keel::parallel {
+
+class ExpertParallelModel {
+ public:
+  // Uploads the model to GPUs 0..gpus-1: every rank holds attention, the shared expert
+  // (run by rank 0), embedding and head; routed expert e lives on rank e % gpus. Plans
+  // each rank for its GPU's architecture (they must match). Throws Error(usage) for
+  // fewer GPUs than asked, std::runtime_error for CUDA / NCCL failures.
+  static std::unique_ptr<ExpertParallelModel> create(const Model& model, int gpus, const BackendChoices& target = {},
+                                                     const BackendChoices& draft = {});
+  ~ExpertParallelModel();
+
+  struct Sequence {
+    std::vector<cuda::DeviceSequence> ranks;
+    int64_t length() const { return ranks.front().length; }
+  };
+  Sequence new_sequence() const;
+
+  // As Model::forward; every rank runs the tokens, rank 0's logits are returned.
+  std::vector<float> forward(Sequence& sequence, std::span<const int32_t> tokens, LogitRows rows = LogitRows::all);
+
+  int gpus() const { return static_cast<int>(ranks_.size()); }
+  cuda::GpuModel& rank(int r) { return *ranks_[r]; }
+  const cuda::GpuModel& rank(int r) const { return *ranks_[r]; }
+  const Plan& plan() const { return ranks_.front()->plan(); }
+  uint64_t weight_bytes(int rank) const { return ranks_[rank]->weight_bytes(); }
+  // The split (ExpertSplit::describe) and each rank's weight bytes.
+  std::string layout() const;
+
+  // Seconds rank 0 spent in the MoE all-reduces (waiting for the other ranks included)
+  // since the last reset, measured with CUDA events around each call.
+  double communication_seconds() const { return comm_seconds_; }
+  void reset_communication_time() { comm_seconds_ = 0; }
+
+  // The floor: seconds per all-reduce of `floats` f32 values across the ranks, best
+  // mean over `iterations` back-to-back calls timed with CUDA events on rank 0's
+  // stream, measured now on the same communicators.
+  double all_reduce_seconds(int64_t floats, int iterations);
+
+  struct Comms;
+
+ private:
+  ExpertParallelModel() = default;
+  std::vector<std::unique_ptr<cuda::GpuModel>> ranks_;
+  std::unique_ptr<Comms> comms_;
+  double comm_seconds_ = 0;
+};
+
+}  // namespace keel::parallel
