@@ -15,6 +15,7 @@
 
 #include "cuda/embedding.h"
 #include "gpu/device_memory.h"
+#include "gpu/weight_cases.h"
 #include "model/owned_weight.h"
 #include "ops/linear.h"
 #include "testing.h"
@@ -24,17 +25,10 @@ namespace {
 
 using keel::testing::random_normal;
 
-struct Case {
-  WeightFormat format;
-  DType dtype;
-  ScaleFormat scales;
-  const char* name;
-};
-
-class CudaEmbedding : public ::testing::TestWithParam<Case> {};
+class CudaEmbedding : public ::testing::TestWithParam<WeightCase> {};
 
 TEST_P(CudaEmbedding, MatchesDecodeRow) {
-  const Case& c = GetParam();
+  const WeightCase& c = GetParam();
   constexpr int64_t kRows = 300;
   for (const int64_t in : {int64_t{320}, int64_t{4096 + 64}}) {
     // Spread wide enough that the fp8/fp4 blocks' scales differ from block to block.
@@ -64,16 +58,8 @@ TEST_P(CudaEmbedding, MatchesDecodeRow) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, CudaEmbedding,
-    ::testing::Values(Case{WeightFormat::f32, DType::f32, ScaleFormat::ue8m0, "f32"},
-                      Case{WeightFormat::bf16, DType::bf16, ScaleFormat::ue8m0, "bf16"},
-                      Case{WeightFormat::bf16, DType::f16, ScaleFormat::ue8m0, "f16"},
-                      Case{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::ue8m0, "fp8_ue8m0"},
-                      Case{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::f32, "fp8_f32"},
-                      Case{WeightFormat::mxfp4, DType::i8, ScaleFormat::ue8m0, "mxfp4"},
-                      Case{WeightFormat::nvfp4, DType::u8, ScaleFormat::ue8m0, "nvfp4"}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(All, CudaEmbedding,
+                         ::testing::Values(kF32, kBf16, kF16, kFp8Ue8m0, kFp8F32, kMxfp4, kNvfp4), case_name);
 
 TEST(CudaEmbedding, TokenOutsideTheTableGivesNaN) {
   const OwnedWeight host(random_normal(4 * 64, 12), 4, 64, WeightFormat::bf16, DType::bf16);

@@ -10,6 +10,7 @@
 
 #include "cuda/linear.h"
 #include "gpu/device_memory.h"
+#include "gpu/weight_cases.h"
 #include "model/owned_weight.h"
 #include "ops/linear.h"
 #include "testing.h"
@@ -19,21 +20,14 @@ namespace {
 
 using keel::testing::random_normal;
 
-struct Case {
-  WeightFormat format;
-  DType dtype;
-  ScaleFormat scales;
-  const char* name;
-};
-
-class CudaLinear : public ::testing::TestWithParam<Case> {};
+class CudaLinear : public ::testing::TestWithParam<WeightCase> {};
 
 TEST_P(CudaLinear, MatchesCpuReference) {
-  const Case& c = GetParam();
+  const WeightCase& c = GetParam();
   // out: not a multiple of the 32-row tile nor of 128; in: crosses FP8 blocks unevenly;
   // and a width that is no whole number of 16-byte chunks (the any-width kernel; FP4
   // blocks always hold 32 values, so it has none).
-  const bool fp4 = c.format == WeightFormat::mxfp4 || c.format == WeightFormat::nvfp4;
+  const bool fp4 = is_fp4(c);
   std::vector<std::pair<int64_t, int64_t>> shapes{{261, 320}, {1029, 4096 + 128}, {7, 64}};
   if (!fp4) shapes.push_back({37, 24});
   for (const auto& [out, in] : shapes) {
@@ -66,8 +60,8 @@ TEST_P(CudaLinear, MatchesCpuReference) {
 // its expert's matrix on its token's row; a negative expert and an expert without data
 // (another rank's) give zeros.
 TEST_P(CudaLinear, PairsMatchCpuReference) {
-  const Case& c = GetParam();
-  const bool fp4 = c.format == WeightFormat::mxfp4 || c.format == WeightFormat::nvfp4;
+  const WeightCase& c = GetParam();
+  const bool fp4 = is_fp4(c);
   std::vector<std::pair<int64_t, int64_t>> shapes{{261, 320}};
   if (!fp4) shapes.push_back({37, 24});
   for (const auto& [out, in] : shapes) {
@@ -110,15 +104,8 @@ TEST_P(CudaLinear, PairsMatchCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, CudaLinear,
-    ::testing::Values(Case{WeightFormat::f32, DType::f32, ScaleFormat::ue8m0, "f32"},
-                      Case{WeightFormat::bf16, DType::bf16, ScaleFormat::ue8m0, "bf16"},
-                      Case{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::ue8m0, "fp8_ue8m0"},
-                      Case{WeightFormat::fp8_block, DType::f8_e4m3, ScaleFormat::f32, "fp8_f32"},
-                      Case{WeightFormat::mxfp4, DType::i8, ScaleFormat::ue8m0, "mxfp4"},
-                      Case{WeightFormat::nvfp4, DType::u8, ScaleFormat::ue8m0, "nvfp4"}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(All, CudaLinear, ::testing::Values(kF32, kBf16, kFp8Ue8m0, kFp8F32, kMxfp4, kNvfp4),
+                         case_name);
 
 }  // namespace
 }  // namespace keel::cuda

@@ -23,13 +23,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   runner.reset();
   auto logits = runner.forward(prompt, LogitRows::last);
-  runner.set_profiling(true);
+  runner.executor().set_profiling(true);
   for (int i = 0; i < steps; ++i) {
     const int32_t next = argmax(logits);
     logits = runner.forward(std::span(&next, 1));
   }
-  const auto stages = runner.profile();
-  runner.set_profiling(false);
+  const auto stages = runner.executor().profile();
+  runner.executor().set_profiling(false);
   if (stages.empty()) return;
   std::vector<std::pair<double, std::string>> rows;
   double total = 0;
@@ -65,9 +65,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
   add_kernel_options(cmd, o->kernels);
   cmd->callback([o] {
-    const Loaded loaded = load_runner(o->model, o->json, o->kernels);
+    const Loaded loaded = load_executor(o->model, o->json, o->kernels);
     const Model& model = *loaded.model;
-    Runner& runner = *loaded.runner;
+    Runner runner(*loaded.executor);
     const ModelConfig& c = model.config();
     std::mt19937 rng(1);
     std::vector<int32_t> prompt(o->prompt);
@@ -79,7 +79,7 @@ void add_bench(CLI::App& app) {
       auto start = std::chrono::steady_clock::now();
       auto logits = runner.forward(prompt, LogitRows::last);
       prefill_s = std::min(prefill_s, seconds_since(start));
-      runner.reset_communication();
+      runner.executor().reset_communication();
       start = std::chrono::steady_clock::now();
       for (int i = 0; i < o->decode; ++i) {
         const int32_t next = argmax(logits);
@@ -87,13 +87,13 @@ void add_bench(CLI::App& app) {
       }
       if (const double s = seconds_since(start); s < decode_s) {
         decode_s = s;
-        decode_comm_s = runner.communication_seconds();
+        decode_comm_s = runner.executor().communication_seconds();
       }
     }
-    const double bandwidth = runner.measure_bandwidth(o->bandwidth_mib << 20);
+    const double bandwidth = runner.executor().measure_bandwidth(o->bandwidth_mib << 20);
     // Several GPUs: one all-reduce of [1, hidden] per MoE layer per decode step.
     const double comm_per_step = decode_comm_s / o->decode;
-    const double comm_floor = runner.all_reduce_floor(c.hidden_size) * c.num_hidden_layers;
+    const double comm_floor = runner.executor().all_reduce_floor(c.hidden_size) * c.num_hidden_layers;
     const double prefill_tps = o->prompt / prefill_s, decode_tps = o->decode / decode_s;
     const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
@@ -103,11 +103,11 @@ void add_bench(CLI::App& app) {
           "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
           "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
           "\"decode_comm_floor_ms\": {:.4f}}}\n",
-          runner.device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
+          runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
           achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3);
       return;
     }
-    fmt::print("device                  {}\n", runner.device());
+    fmt::print("device                  {}\n", runner.executor().device());
     fmt::print("prefill                 {:.1f} tok/s ({} tokens, one call)\n", prefill_tps, o->prompt);
     fmt::print("decode                  {:.2f} tok/s = {:.3f} ms/token ({} steps after the prompt)\n", decode_tps,
                1e3 / decode_tps, o->decode);

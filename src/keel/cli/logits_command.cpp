@@ -27,8 +27,8 @@ void add_logits(CLI::App& app) {
   cmd->callback([o] {
     const std::vector<int32_t> ids = read_ids(o->ids);
     if (ids.empty()) fail(ErrorCode::bad_input, {.file = o->ids}, "no token ids in the file");
-    const Loaded loaded = load_runner(o->model, /*quiet=*/true, o->kernels);
-    Runner& runner = *loaded.runner;
+    const Loaded loaded = load_executor(o->model, /*quiet=*/true, o->kernels);
+    Runner runner(*loaded.executor);
     std::vector<float> logits;
     if (o->decode) {
       for (size_t i = 0; i < ids.size(); ++i) {

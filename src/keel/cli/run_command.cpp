@@ -114,9 +114,9 @@ void run(const RunOptions& o) {
   }
   if (!o.stop.empty() && !tokenizer) fail(ErrorCode::usage, {.field = "--stop"}, "stop strings need a tokenizer");
 
-  const Loaded loaded = load_runner(o.model, o.quiet, o.kernels);
+  const Loaded loaded = load_executor(o.model, o.quiet, o.kernels);
   const ModelConfig& c = loaded.model->config();
-  Runner& runner = *loaded.runner;
+  Runner runner(*loaded.executor);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = runner.forward(prompt, LogitRows::last);
   const auto t1 = std::chrono::steady_clock::now();

@@ -18,51 +18,25 @@
 namespace keel::cli {
 namespace {
 
-// Read bandwidth over a buffer far larger than the caches, all threads, best of 5.
-double read_bandwidth(uint64_t bytes) {
-  std::vector<uint64_t> buffer(bytes / sizeof(uint64_t));
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = i;  // first touch by the reading thread
-  double best = 0;
-  for (int r = 0; r < 5; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
-    for (size_t i = 0; i < buffer.size(); ++i) sum += buffer[i];
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (sum == 42) fmt::print("");  // keeps the loop
-    best = std::max(best, bytes / s);
-  }
-  return best;
-}
-
-class CpuRunner final : public Runner {
- public:
-  explicit CpuRunner(const Model& model) : model_(model), seq_(model.new_sequence()) {}
-  void reset() override { seq_ = model_.new_sequence(); }
-  std::vector<float> forward(std::span<const int32_t> tokens, LogitRows rows) override {
-    return model_.forward(seq_, tokens, rows);
-  }
-  int64_t length() const override { return seq_.length; }
-  const Plan& plan() const override { return model_.plan(); }
-  std::string device() const override { return fmt::format("cpu ({} threads)", omp_get_max_threads()); }
-  double measure_bandwidth(uint64_t bytes) const override { return read_bandwidth(bytes); }
-
- private:
-  const Model& model_;
-  Sequence seq_;
+#if KEEL_HAVE_CUDA
+struct GpuSequence final : SequenceState {
+  cuda::DeviceSequence sequence;
+  int64_t length() const override { return sequence.length; }
+  uint64_t bytes() const override { return sequence.state_bytes(); }
 };
 
-#if KEEL_HAVE_CUDA
-class GpuRunner final : public Runner {
+class GpuExecutor final : public Executor {
  public:
-  GpuRunner(std::unique_ptr<cuda::GpuModel> model, int device, std::string name)
-      : model_(std::move(model)), seq_(model_->new_sequence()), index_(device), name_(std::move(name)) {}
-  void reset() override { seq_ = model_->new_sequence(); }
-  std::vector<float> forward(std::span<const int32_t> tokens, LogitRows rows) override {
-    return model_->forward(seq_, tokens, rows);
+  GpuExecutor(std::unique_ptr<cuda::GpuModel> model, int device, std::string name)
+      : model_(std::move(model)), index_(device), name_(std::move(name)) {}
+  std::unique_ptr<SequenceState> new_sequence() const override {
+    auto s = std::make_unique<GpuSequence>();
+    s->sequence = model_->new_sequence();
+    return s;
   }
-  int64_t length() const override { return seq_.length; }
+  std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
+    return model_->forward(static_cast<GpuSequence&>(sequence).sequence, tokens, rows);
+  }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
@@ -71,22 +45,33 @@ class GpuRunner final : public Runner {
 
  private:
   std::unique_ptr<cuda::GpuModel> model_;
-  cuda::DeviceSequence seq_;
   int index_;
   std::string name_;
 };
 #endif
 
 #if KEEL_HAVE_NCCL
-class ParallelRunner final : public Runner {
- public:
-  explicit ParallelRunner(std::unique_ptr<parallel::ExpertParallelModel> model)
-      : model_(std::move(model)), seq_(model_->new_sequence()) {}
-  void reset() override { seq_ = model_->new_sequence(); }
-  std::vector<float> forward(std::span<const int32_t> tokens, LogitRows rows) override {
-    return model_->forward(seq_, tokens, rows);
+struct ParallelSequence final : SequenceState {
+  parallel::ExpertParallelModel::Sequence sequence;
+  int64_t length() const override { return sequence.length(); }
+  uint64_t bytes() const override {
+    uint64_t b = 0;
+    for (const auto& r : sequence.ranks) b += r.state_bytes();
+    return b;
   }
-  int64_t length() const override { return seq_.length(); }
+};
+
+class ParallelExecutor final : public Executor {
+ public:
+  explicit ParallelExecutor(std::unique_ptr<parallel::ExpertParallelModel> model) : model_(std::move(model)) {}
+  std::unique_ptr<SequenceState> new_sequence() const override {
+    auto s = std::make_unique<ParallelSequence>();
+    s->sequence = model_->new_sequence();
+    return s;
+  }
+  std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
+    return model_->forward(static_cast<ParallelSequence&>(sequence).sequence, tokens, rows);
+  }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override {
     return fmt::format("{} GPUs, expert parallel ({})", model_->gpus(), cuda::devices().at(0).name);
@@ -100,7 +85,6 @@ class ParallelRunner final : public Runner {
 
  private:
   std::unique_ptr<parallel::ExpertParallelModel> model_;
-  parallel::ExpertParallelModel::Sequence seq_;
 };
 #endif
 
@@ -117,7 +101,7 @@ std::optional<int> cuda_index(const std::string& device) {
 
 }  // namespace
 
-Loaded load_runner(const std::string& directory, bool quiet, const KernelOptions& options) {
+Loaded load_executor(const std::string& directory, bool quiet, const KernelOptions& options) {
   if (options.gpus > 1) {
 #if KEEL_HAVE_NCCL
     Loaded l{load_model(directory, /*quiet=*/true, KernelOptions{})};
@@ -129,7 +113,7 @@ Loaded load_runner(const std::string& directory, bool quiet, const KernelOptions
                  model->plan().summary());
     }
     if (options.verbose) fmt::print(stderr, "{}", model->plan().table());
-    l.runner = std::make_unique<ParallelRunner>(std::move(model));
+    l.executor = std::make_unique<ParallelExecutor>(std::move(model));
     return l;
 #else
     fail(ErrorCode::usage, {.field = "--gpus"}, "this keel was built without NCCL; several GPUs need it");
@@ -138,7 +122,7 @@ Loaded load_runner(const std::string& directory, bool quiet, const KernelOptions
   const std::optional<int> gpu = options.gpus == 1 ? std::optional<int>(0) : cuda_index(options.device);
   if (!gpu) {
     Loaded l{load_model(directory, quiet, options)};
-    l.runner = std::make_unique<CpuRunner>(*l.model);
+    l.executor = std::make_unique<CpuExecutor>(*l.model);
     return l;
   }
 #if KEEL_HAVE_CUDA
@@ -154,7 +138,7 @@ Loaded load_runner(const std::string& directory, bool quiet, const KernelOptions
                model->weight_bytes() / 1048576.0, *gpu, name, s, model->plan().summary());
   }
   if (options.verbose) fmt::print(stderr, "{}", model->plan().table());
-  l.runner = std::make_unique<GpuRunner>(std::move(model), *gpu, name);
+  l.executor = std::make_unique<GpuExecutor>(std::move(model), *gpu, name);
   return l;
 #else
   fail(ErrorCode::usage, {.field = "--device"}, "this keel was built without CUDA; use --device cpu");

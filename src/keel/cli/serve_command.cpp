@@ -7,7 +7,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
-#include "cli/load_model.h"
+#include "cli/runner.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "tokenizer/tokenizer.h"
@@ -54,9 +54,10 @@ void serve_main(ServeOptions& o) {
   o.limits.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
 
   const Tokenizer tokenizer = Tokenizer::from_model_dir(o.model);
-  const auto model = load_model(o.model, o.quiet, o.kernels);
-  auto engine = std::make_unique<serve::Engine>(*model, tokenizer, o.limits);
-  const serve::ServedModel served{.id = o.served_name, .model = *model, .tokenizer = tokenizer};
+  const Loaded loaded = load_executor(o.model, o.quiet, o.kernels);
+  const Model& model = *loaded.model;
+  auto engine = std::make_unique<serve::Engine>(model, *loaded.executor, tokenizer, o.limits);
+  const serve::ServedModel served{.id = o.served_name, .model = model, .tokenizer = tokenizer};
   serve::HttpServer server(*engine, served, o.server);
   fmt::print("serving {} as '{}'\nlistening on http://{}:{}\n", o.model, o.served_name, o.server.host, server.port());
   std::fflush(stdout);

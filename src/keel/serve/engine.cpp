@@ -29,7 +29,8 @@ struct Engine::Active {
   std::shared_ptr<RequestHandle> handle;
   Sampler sampler;
   StreamDecoder decoder;
-  Sequence sequence;          // empty while queued
+  std::unique_ptr<SequenceState> sequence;  // null while queued or preempted
+  int64_t done_tokens() const { return sequence ? sequence->length() : 0; }
   std::vector<int32_t> tokens;  // prompt, then every sampled token
   int generated = 0;
   std::string held;           // decoded text that may begin a stop string
@@ -80,7 +81,17 @@ TokenLogprob logprobs_of(std::span<const float> logits, int32_t chosen, int top)
 }  // namespace
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineLimits limits)
-    : model_(model), tokenizer_(tokenizer), limits_(limits) {
+    : model_(model), cpu_(std::make_unique<CpuExecutor>(model)), executor_(cpu_.get()), tokenizer_(tokenizer),
+      limits_(limits) {
+  start();
+}
+
+Engine::Engine(const Model& model, const Executor& executor, const Tokenizer& tokenizer, EngineLimits limits)
+    : model_(model), executor_(&executor), tokenizer_(tokenizer), limits_(limits) {
+  start();
+}
+
+void Engine::start() {
   if (limits_.max_running < 1 || limits_.max_queued < 0 || limits_.step_tokens < 1 || limits_.prefill_chunk < 1) {
     fail(ErrorCode::usage, {.field = "engine limits"},
          "max running, step tokens and prefill chunk must be >= 1, max queued >= 0");
@@ -142,7 +153,7 @@ EngineStats Engine::stats() const {
 void Engine::finish(Active& a, Finish why, std::string error) {
   if (a.done) return;
   a.done = true;
-  a.sequence = Sequence{};  // frees the state
+  a.sequence.reset();  // frees the state
   metrics_.finished.add(std::string(name(why)));
   metrics_.e2e.observe(std::chrono::duration<double>(Clock::now() - a.submitted).count());
   GenerationEvent ev{.finish = why,
@@ -202,7 +213,7 @@ void Engine::emit_token(Active& a, int32_t token, const std::vector<float>& logi
   if (why != Finish::none) {
     ev.finish = why;
     a.done = true;
-    a.sequence = Sequence{};
+    a.sequence.reset();
     metrics_.finished.add(std::string(name(why)));
     metrics_.e2e.observe(std::chrono::duration<double>(now - a.submitted).count());
   }
@@ -236,7 +247,7 @@ bool Engine::step() {
       bytes += a.need_bytes;
       if (a.order == 0) metrics_.prompt_tokens += a.request.prompt.size();
       a.order = ++next_order_;
-      a.sequence = model_.new_sequence();
+      a.sequence = executor_->new_sequence();
       running_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -253,13 +264,13 @@ bool Engine::step() {
   int budget = limits_.step_tokens;
   std::vector<std::pair<Active*, int>> work;
   for (auto& a : running_) {
-    if (!a->done && static_cast<int64_t>(a->tokens.size()) - a->sequence.length == 1 && budget > 0) {
+    if (!a->done && static_cast<int64_t>(a->tokens.size()) - a->done_tokens() == 1 && budget > 0) {
       work.emplace_back(a.get(), 1);
       --budget;
     }
   }
   for (auto& a : running_) {
-    const int64_t pending = static_cast<int64_t>(a->tokens.size()) - a->sequence.length;
+    const int64_t pending = static_cast<int64_t>(a->tokens.size()) - a->done_tokens();
     if (a->done || pending <= 1 || budget == 0) continue;
     const int n = static_cast<int>(std::min<int64_t>({pending, limits_.prefill_chunk, budget}));
     work.emplace_back(a.get(), n);
@@ -273,27 +284,27 @@ bool Engine::step() {
   for (auto& [a, n] : work) {
     std::vector<float> logits;
     try {
-      logits = model_.forward(a->sequence, std::span(a->tokens).subspan(a->sequence.length, n), LogitRows::last);
+      logits = executor_->forward(*a->sequence, std::span(a->tokens).subspan(a->done_tokens(), n), LogitRows::last);
     } catch (const std::exception& e) {
       finish(*a, Finish::error, e.what());
       continue;
     }
-    if (a->sequence.length == static_cast<int64_t>(a->tokens.size())) emit_token(*a, a->sampler.next(logits), logits);
+    if (a->done_tokens() == static_cast<int64_t>(a->tokens.size())) emit_token(*a, a->sampler.next(logits), logits);
   }
 
   std::erase_if(running_, [](const auto& a) { return a->done; });
 
   // Over the state budget: preempt the newest until it fits (one request always runs).
   uint64_t bytes = 0;
-  for (const auto& a : running_) bytes += a->sequence.state_bytes();
+  for (const auto& a : running_) bytes += a->sequence->bytes();
   while (bytes > limits_.state_bytes && running_.size() > 1) {
     auto newest = std::max_element(running_.begin(), running_.end(),
                                    [](const auto& x, const auto& y) { return x->order < y->order; });
     std::unique_ptr<Active> a = std::move(*newest);
     running_.erase(newest);
-    a->need_bytes = a->sequence.state_bytes();
+    a->need_bytes = a->sequence->bytes();
     bytes -= a->need_bytes;
-    a->sequence = Sequence{};
+    a->sequence.reset();
     metrics_.preemptions++;
     std::lock_guard lock(mutex_);
     queue_.push_front(std::move(a));
@@ -301,7 +312,7 @@ bool Engine::step() {
   if (bytes > limits_.state_bytes && running_.size() == 1) {
     finish(*running_.front(), Finish::error,
            fmt::format("the request's state ({} bytes) exceeds the state budget ({} bytes)",
-                       running_.front()->sequence.state_bytes(), limits_.state_bytes));
+                       running_.front()->sequence->bytes(), limits_.state_bytes));
     running_.clear();
     bytes = 0;
   }

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/executor.h"
 #include "model/model.h"
 #include "ops/sampling.h"
 #include "serve/metrics.h"
@@ -103,6 +104,9 @@ struct EngineStats {
 
 class Engine {
  public:
+  // Runs `executor` (CPU or GPU; model/executor.h) for `model`'s config.
+  Engine(const Model& model, const Executor& executor, const Tokenizer& tokenizer, EngineLimits limits = {});
+  // On the CPU.
   Engine(const Model& model, const Tokenizer& tokenizer, EngineLimits limits = {});
   ~Engine();  // stops the thread; requests still present get Finish::cancelled
   Engine(const Engine&) = delete;
@@ -121,12 +125,15 @@ class Engine {
 
  private:
   struct Active;
+  void start();  // checks the limits, starts the thread
   void loop();
   bool step();  // false when idle
   void finish(Active& a, Finish why, std::string error = {});
   void emit_token(Active& a, int32_t token, const std::vector<float>& logits);
 
   const Model& model_;
+  std::unique_ptr<Executor> cpu_;  // when constructed for the CPU
+  const Executor* executor_;
   const Tokenizer& tokenizer_;
   EngineLimits limits_;
 

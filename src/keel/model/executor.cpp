@@ -1,0 +1,51 @@
+#include "model/executor.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fmt/format.h>
+
+namespace keel {
+namespace {
+
+struct CpuSequence final : SequenceState {
+  Sequence sequence;
+  int64_t length() const override { return sequence.length; }
+  uint64_t bytes() const override { return sequence.state_bytes(); }
+};
+
+}  // namespace
+
+std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {
+  auto s = std::make_unique<CpuSequence>();
+  s->sequence = model_.new_sequence();
+  return s;
+}
+
+std::vector<float> CpuExecutor::forward(SequenceState& sequence, std::span<const int32_t> tokens,
+                                       LogitRows rows) const {
+  return model_.forward(static_cast<CpuSequence&>(sequence).sequence, tokens, rows);
+}
+
+std::string CpuExecutor::device() const { return fmt::format("cpu ({} threads)", omp_get_max_threads()); }
+
+// Read bandwidth over a buffer far larger than the caches, all threads, best of 5.
+double CpuExecutor::measure_bandwidth(uint64_t bytes) const {
+  std::vector<uint64_t> buffer(bytes / sizeof(uint64_t));
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = i;  // first touch by the reading thread
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < buffer.size(); ++i) sum += buffer[i];
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (sum == 42) fmt::print("");  // keeps the loop
+    best = std::max(best, bytes / s);
+  }
+  return best;
+}
+
+}  // namespace keel

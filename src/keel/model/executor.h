@@ -1,0 +1,64 @@
+// An executor runs a loaded model's forward passes on the device that holds it, as the
+// server engine and the commands drive it: sequences are opaque states of that device
+// (model/sequence.h on the CPU, cuda::DeviceSequence on a GPU). CpuExecutor is the
+// CPU's; cli/runner.cpp builds the GPU ones from --device and --gpus.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace keel {
+
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t length() const = 0;  // tokens processed
+  virtual uint64_t bytes() const = 0;   // state held (host or device memory)
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual std::unique_ptr<SequenceState> new_sequence() const = 0;
+  // Model::forward on `sequence`, which must come from this executor's new_sequence.
+  // Not safe to call from two threads at once.
+  virtual std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
+                                     LogitRows rows = LogitRows::all) const = 0;
+  virtual const Plan& plan() const = 0;
+  virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
+
+  // The bandwidth a decode step is held to on this device, bytes/s, measured now over a
+  // buffer of `bytes`: CPU read bandwidth, GPU device-to-device copy bandwidth.
+  virtual double measure_bandwidth(uint64_t bytes) const = 0;
+  // Several GPUs: seconds spent in communication since the last reset (0 otherwise),
+  // and the floor measured now: seconds of one all-reduce of `floats` values.
+  virtual void reset_communication() {}
+  virtual double communication_seconds() const { return 0; }
+  virtual double all_reduce_floor(int64_t /*floats*/) { return 0; }
+  // GPUs: seconds per stage of the forward pass, summed over the calls since profiling
+  // was turned on (rank 0's with several GPUs); empty where there is no profile.
+  virtual void set_profiling(bool /*on*/) {}
+  virtual std::map<std::string, double> profile() const { return {}; }
+};
+
+class CpuExecutor final : public Executor {
+ public:
+  explicit CpuExecutor(const Model& model) : model_(model) {}
+  std::unique_ptr<SequenceState> new_sequence() const override;
+  std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
+                             LogitRows rows) const override;
+  const Plan& plan() const override { return model_.plan(); }
+  std::string device() const override;
+  double measure_bandwidth(uint64_t bytes) const override;
+
+ private:
+  const Model& model_;
+};
+
+}  // namespace keel
