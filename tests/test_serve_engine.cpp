@@ -193,6 +193,59 @@ TEST(ServeEngine, PreemptedRequestsRecomputeTheSameTokens) {
   EXPECT_EQ(engine.stats().state_bytes, 0u);
 }
 
+// One number of the engine's Prometheus text.
+double metric(const Engine& engine, const std::string& name) {
+  std::string text;
+  engine.write_metrics(text);
+  const auto at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
+// Prefix caching: a request whose prompt starts with an earlier prompt resumes from that
+// prompt's last cached block (ring, open compressor windows, entries and indexer keys
+// restored) and still gives the plain loop's tokens; so does a repeat of the prompt.
+TEST(ServeEngine, PrefixCacheResumesExactly) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += kPrompts[i % kPrompts.size()] + " ";
+  const auto first = prompt_of(text);
+  ASSERT_GT(first.size(), 100u);  // the cached prefix is past the 64-token window
+  std::vector<int32_t> longer = first;
+  for (const int32_t id : demo().tokenizer.encode(" and so the story went on.", false)) longer.push_back(id);
+  Engine engine(*demo().model, demo().tokenizer, {.prefill_chunk = 24, .prefix_block = 16});
+  Outcome a, b, c;
+  ASSERT_TRUE(engine.submit({.prompt = first, .max_tokens = 8}, a.sink()));
+  a.wait();
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_hits_total"), 0);
+  ASSERT_TRUE(engine.submit({.prompt = longer, .max_tokens = 24}, b.sink()));
+  b.wait();
+  const int64_t cached = static_cast<int64_t>((first.size() - 1) / 16 * 16);  // the last block inside `first`
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_hits_total"), 1);
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_hit_tokens_total"), cached);
+  EXPECT_EQ(b.tokens, reference(longer, 24));
+  ASSERT_TRUE(engine.submit({.prompt = first, .max_tokens = 8}, c.sink()));
+  c.wait();
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_hits_total"), 2);
+  EXPECT_EQ(c.tokens, a.tokens);
+  EXPECT_EQ(a.tokens, reference(first, 8));
+  EXPECT_GT(metric(engine, "keel_prefix_cache_bytes"), 0);
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_queries_total"), 3);
+}
+
+// A budget too small for any snapshot caches nothing, and changes no output.
+TEST(ServeEngine, PrefixCacheWithoutRoomCachesNothing) {
+  const auto prompt = prompt_of(kPrompts[0] + " " + kPrompts[1] + " " + kPrompts[2]);
+  Engine engine(*demo().model, demo().tokenizer, {.prefix_cache_bytes = 1, .prefix_block = 8});
+  for (int i = 0; i < 2; ++i) {
+    Outcome out;
+    ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 12}, out.sink()));
+    out.wait();
+    EXPECT_EQ(out.tokens, reference(prompt, 12));
+  }
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_hits_total"), 0);
+  EXPECT_EQ(metric(engine, "keel_prefix_cache_bytes"), 0);
+}
+
 TEST(ServeEngine, StopStringEndsTheTextBeforeIt) {
   const auto prompt = prompt_of(kPrompts[0]);
   const auto tokens = reference(prompt, 40);

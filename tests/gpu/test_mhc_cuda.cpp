@@ -123,7 +123,8 @@ TEST(CudaMhc, HeadMatchesCpuReference) {
     float* dscale = device_copy(head.scale);
     float* dstreams = device_copy(streams);
     float* dout = device_poisoned(tokens * dim);
-    hyper_head(p, dfn, dbase, dscale, dstreams, tokens, dout);
+    float* dscratch = device_poisoned(hyper_head_scratch(p, tokens));
+    hyper_head(p, dfn, dbase, dscale, dstreams, tokens, dout, dscratch);
     const std::vector<float> got = host_copy(dout, want.size());
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t d = 0; d < dim; ++d) {
@@ -133,14 +134,14 @@ TEST(CudaMhc, HeadMatchesCpuReference) {
             << "D " << dim << " token " << t << " channel " << d;
       }
     }
-    for (float* q : {dfn, dbase, dscale, dstreams, dout}) cudaFree(q);
+    for (float* q : {dfn, dbase, dscale, dstreams, dout, dscratch}) cudaFree(q);
   }
 }
 
 TEST(CudaMhc, RefusesTooManyStreams) {
   const HyperParams p{.hc = kMaxHyperStreams + 1, .dim = 8, .sinkhorn_iters = 1, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
   EXPECT_THROW(hyper_collapse(p, nullptr, nullptr, 1, nullptr), std::runtime_error);
-  EXPECT_THROW(hyper_head(p, nullptr, nullptr, nullptr, nullptr, 1, nullptr), std::runtime_error);
+  EXPECT_THROW(hyper_head(p, nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr), std::runtime_error);
 }
 
 }  // namespace

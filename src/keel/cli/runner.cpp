@@ -34,6 +34,11 @@ class GpuExecutor final : public Executor {
     s->sequence = model_->new_sequence();
     return s;
   }
+  std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override {
+    auto s = std::make_unique<GpuSequence>();
+    s->sequence = model_->clone(static_cast<const GpuSequence&>(sequence).sequence);
+    return s;
+  }
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
     return model_->forward(static_cast<GpuSequence&>(sequence).sequence, tokens, rows);
   }
@@ -67,6 +72,12 @@ class ParallelExecutor final : public Executor {
   std::unique_ptr<SequenceState> new_sequence() const override {
     auto s = std::make_unique<ParallelSequence>();
     s->sequence = model_->new_sequence();
+    return s;
+  }
+  std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override {
+    auto s = std::make_unique<ParallelSequence>();
+    const auto& from = static_cast<const ParallelSequence&>(sequence).sequence;
+    for (int r = 0; r < model_->gpus(); ++r) s->sequence.ranks.push_back(model_->rank(r).clone(from.ranks[r]));
     return s;
   }
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {

@@ -22,6 +22,7 @@ struct ServeOptions {
   serve::ServerOptions server;
   serve::EngineLimits limits;
   uint64_t state_mb = 1024;
+  uint64_t prefix_cache_mb = 256;
   double timeout_s = 600;
   bool quiet = false;
   KernelOptions kernels;
@@ -51,6 +52,7 @@ void serve_main(ServeOptions& o) {
   if (o.served_name.empty()) o.served_name = fs::path(o.model).lexically_normal().parent_path().filename().string();
   if (o.timeout_s <= 0) fail(ErrorCode::usage, {.field = "--timeout"}, "must be > 0");
   o.limits.state_bytes = o.state_mb << 20;
+  o.limits.prefix_cache_bytes = o.prefix_cache_mb << 20;
   o.limits.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
 
   const Tokenizer tokenizer = Tokenizer::from_model_dir(o.model);
@@ -82,6 +84,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--step-tokens", o->limits.step_tokens, "Tokens forwarded per engine step, all requests together")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->limits.prefill_chunk, "Prompt tokens one request forwards per step")->capture_default_str();
   cmd->add_option("--state-mb", o->state_mb, "Sequence-state budget in MiB (past it the newest request is preempted)")->capture_default_str();
+  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "Prompt-prefix snapshots kept, MiB (0: no prefix cache)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-block", o->limits.prefix_block, "Prompt prefixes are cached at multiples of this")
+      ->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "Per-request timeout in seconds")->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No loading progress");
   add_kernel_options(cmd, o->kernels);

@@ -73,6 +73,14 @@ class DeviceBuffer {
     check_api(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return out;
   }
+  // A copy of the contents (same capacity), on the current device.
+  DeviceBuffer copy() const {
+    DeviceBuffer out;
+    out.reserve(capacity_);
+    out.size_ = size_;
+    if (size_ > 0) check_api(cudaMemcpy(out.data_, data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice), "cudaMemcpy");
+    return out;
+  }
   void swap(DeviceBuffer& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);

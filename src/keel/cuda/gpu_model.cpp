@@ -698,6 +698,21 @@ GpuModel::~GpuModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+DeviceCompressorState DeviceCompressorState::copy() const {
+  return {count, pending, pending_kv.copy(), pending_gate.copy(), previous_kv.copy(), previous_gate.copy()};
+}
+
+DeviceLayerState DeviceLayerState::copy() const {
+  return {keys.copy(), chunk_rows, entry_rows, compressor.copy(), indexer.copy(), index_keys.copy()};
+}
+
+DeviceSequence GpuModel::clone(const DeviceSequence& sequence) const {
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  DeviceSequence out{sequence.length, {}};
+  for (const DeviceLayerState& l : sequence.layers) out.layers.push_back(l.copy());
+  return out;
+}
+
 DeviceSequence GpuModel::new_sequence() const {
   DeviceSequence s;
   s.layers.resize(static_cast<size_t>(config().num_hidden_layers));
@@ -738,8 +753,9 @@ std::vector<float> GpuModel::forward(DeviceSequence& seq, std::span<const int32_
   const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
   if (ws.timer) ws.timer->mark("head: hc_head, norm, lm_head, copy back", stream_);
   float* h = grow(ws.head_in, n * D);
+  float* head_scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, n));
   hyper_head(hp, head_fn_.data(), head_base_.data(), head_scale_.data(), ws.streams.data() + first * hp.hc * D, n, h,
-             stream_);
+             head_scratch, stream_);
   top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
   grow(ws.logits, n * V);
   top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), n, stream_);

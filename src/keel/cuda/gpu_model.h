@@ -34,6 +34,7 @@ struct DeviceCompressorState {
   int pending = 0;    // rows of the open window
   DeviceBuffer<float> pending_kv, pending_gate;  // [pending, width], gate without bias
   DeviceBuffer<float> previous_kv, previous_gate;  // CSA: the last closed window's rows
+  DeviceCompressorState copy() const;
 };
 
 struct DeviceLayerState {
@@ -43,6 +44,7 @@ struct DeviceLayerState {
   DeviceCompressorState compressor;
   DeviceCompressorState indexer;
   DeviceBuffer<float> index_keys;  // CSA: [indexer.count, index_head_dim]
+  DeviceLayerState copy() const;
 };
 
 struct DeviceSequence {
@@ -82,6 +84,8 @@ class GpuModel {
   uint64_t weight_bytes() const { return weight_bytes_; }
 
   DeviceSequence new_sequence() const;
+  // An independent copy of `sequence` (every buffer), on this model's device.
+  DeviceSequence clone(const DeviceSequence& sequence) const;
 
   // As Model::forward: runs `tokens` after what `sequence` holds and returns their
   // logits (copied to the host). Not safe to call from two threads at once.

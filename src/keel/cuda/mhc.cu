@@ -22,9 +22,8 @@ __host__ __device__ int64_t mix_slices(int64_t width) { return (width + kMixSlic
 // streams v, or (m == rows) v with itself, the RMS's sum of squares. One warp; every
 // lane gets the sum.
 __device__ float mix_dot(const float* __restrict__ fn, const float* __restrict__ v, int m, int rows, int64_t width,
-                         int lane, int64_t begin = 0, int64_t end = -1) {
+                         int lane, int64_t begin, int64_t end) {
   const float* w = m < rows ? fn + int64_t{m} * width : v;
-  if (end < 0) end = width;
   float sum = 0.0f;
   for (int64_t i = begin + lane; i < end; i += kWarp) sum += v[i] * w[i];
   for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -51,22 +50,30 @@ __global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Step 2, one thread per token: the CPU's hyper_mix after the projection, in its order.
-__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
-                           const float* __restrict__ scale, int hc, int64_t width, int iters, float hc_eps,
-                           float norm_eps, int64_t tokens, float* __restrict__ pre, float* __restrict__ post,
-                           float* __restrict__ comb) {
-  const int64_t t = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (t >= tokens) return;
-  const int rows = (2 + hc) * hc;
+// The slices' partial sums of rows 0..rows (mix_dots' output for token t) into d, one
+// row per thread of the calling group, each in slice order.
+__device__ void sum_slices(const float* __restrict__ dots, int64_t t, int rows, int64_t width, float* d) {
   const int64_t slices = mix_slices(width);
-  float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
-  for (int m = 0; m <= rows; ++m) {  // the slices' partial sums, in order
+  for (int m = threadIdx.x; m <= rows; m += blockDim.x) {
     const float* part = dots + (t * (rows + 1) + m) * slices;
     float sum = 0.0f;
     for (int64_t c = 0; c < slices; ++c) sum += part[c];
     d[m] = sum;
   }
+  __syncthreads();
+}
+
+// Step 2, one warp per token: the lanes add up the slices, then lane 0 runs the CPU's
+// hyper_mix after the projection, in its order.
+__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
+                           const float* __restrict__ scale, int hc, int64_t width, int iters, float hc_eps,
+                           float norm_eps, float* __restrict__ pre, float* __restrict__ post,
+                           float* __restrict__ comb) {
+  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
+  const int64_t t = blockIdx.x;
+  const int rows = (2 + hc) * hc;
+  sum_slices(dots, t, rows, width, d);
+  if (threadIdx.x != 0) return;
   const float r = rms_factor(d[rows], width, norm_eps);
   for (int j = 0; j < hc; ++j) {
     pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
@@ -119,27 +126,22 @@ __global__ void collapse(const float* __restrict__ pre, const float* __restrict_
   out[n] = collapse_one(pre + t * hc, streams + t * hc * dim + d, hc, dim);
 }
 
-// hc_head, one block of hc + 1 warps per token: the hyper_mix steps fused (warp m takes
-// mix_dot m, warp hc the sum of squares), pre in shared memory, then the collapse with
-// the block's threads striding over D. The few rows and one call per forward step do
-// not warrant hyper_mix's split into two launches.
-__global__ void head(const float* __restrict__ fn, const float* __restrict__ base, const float* __restrict__ scale,
+// hc_head after mix_dots (rows = hc): one block per token adds up the slices, forms
+// pre in shared memory, then collapses the streams with its threads striding over D.
+__global__ void head(const float* __restrict__ dots, const float* __restrict__ base, const float* __restrict__ scale,
                      const float* __restrict__ streams, int hc, int64_t dim, float hc_eps, float norm_eps,
                      float* __restrict__ out) {
-  __shared__ float dots[kMaxHyperStreams + 1];
+  __shared__ float d[kMaxHyperStreams + 1];
   __shared__ float pre[kMaxHyperStreams];
   const int64_t t = blockIdx.x, width = hc * dim;
-  const float* v = streams + t * width;
-  const int m = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const float sum = mix_dot(fn, v, m, hc, width, lane);
-  if (lane == 0) dots[m] = sum;
-  __syncthreads();
+  sum_slices(dots, t, hc, width, d);
   if (const int j = threadIdx.x; j < hc) {
-    const float r = rms_factor(dots[hc], width, norm_eps);
-    pre[j] = sigmoid(dots[j] * r * scale[0] + base[j]) + hc_eps;
+    const float r = rms_factor(d[hc], width, norm_eps);
+    pre[j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) out[t * dim + d] = collapse_one(pre, v + d, hc, dim);
+  const float* v = streams + t * width;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[t * dim + c] = collapse_one(pre, v + c, hc, dim);
 }
 
 // One thread per (token, channel): reads the hc old values first, so in place is safe.
@@ -190,9 +192,9 @@ void hyper_mix(const HyperParams& p, const float* fn, const float* base, const f
                   static_cast<unsigned>(tokens));
   mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, rows, p.hc * p.dim, scratch);
   check(cudaGetLastError(), "hyper_mix launch");
-  constexpr int kThreads = 64;
-  mix_finish<<<blocks_of(tokens, kThreads, "cuda::hyper_mix"), kThreads, 0, stream>>>(
-      scratch, base, scale, p.hc, p.hc * p.dim, p.sinkhorn_iters, p.hc_eps, p.norm_eps, tokens, pre, post, comb);
+  mix_finish<<<static_cast<unsigned>(tokens), kWarp, 0, stream>>>(scratch, base, scale, p.hc, p.hc * p.dim,
+                                                                  p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre, post,
+                                                                  comb);
   check(cudaGetLastError(), "hyper_mix launch");
 }
 
@@ -216,13 +218,22 @@ void hyper_expand(const HyperParams& p, const float* post, const float* comb, co
   check(cudaGetLastError(), "hyper_expand launch");
 }
 
+int64_t hyper_head_scratch(const HyperParams& p, int64_t tokens) {
+  return tokens * (p.hc + 1) * mix_slices(p.hc * p.dim);
+}
+
 void hyper_head(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
-                int64_t tokens, float* out, void* stream) {
+                int64_t tokens, float* out, float* scratch, void* stream_ptr) {
   check_params(p, "cuda::hyper_head");
   if (tokens <= 0) return;
-  if (tokens > 0x7fffffff) throw std::runtime_error("cuda::hyper_head: too many tokens");
-  head<<<static_cast<unsigned>(tokens), (p.hc + 1) * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
-      fn, base, scale, streams, p.hc, p.dim, p.hc_eps, p.norm_eps, out);
+  if (tokens > 65535) throw std::runtime_error("cuda::hyper_head: more than 65535 tokens per call");
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const dim3 grid((p.hc + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
+                  static_cast<unsigned>(tokens));
+  mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, p.hc, p.hc * p.dim, scratch);
+  check(cudaGetLastError(), "hyper_head launch");
+  head<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(scratch, base, scale, streams, p.hc, p.dim, p.hc_eps,
+                                                         p.norm_eps, out);
   check(cudaGetLastError(), "hyper_head launch");
 }
 

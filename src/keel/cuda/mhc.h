@@ -34,9 +34,11 @@ void hyper_expand(const HyperParams& p, const float* post, const float* comb, co
 // hc_head, the final collapse, as ops/hyper.cpp's hyper_head: out[t] = Σ_j (σ(mix_j ·
 // scale[0] + base[j]) + hc_eps) · streams[t, j] with mix = fn · the RMS-normalized
 // flattened streams. fn [hc, hc·D], base [hc] and scale [1] are in device memory; out
-// is [tokens, D]. hc ≤ kMaxHyperStreams. Asynchronous on `stream`.
+// is [tokens, D]; `scratch` holds hyper_head_scratch(p, tokens) floats. hc ≤
+// kMaxHyperStreams. Asynchronous on `stream`.
 void hyper_head(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
-                int64_t tokens, float* out, void* stream = nullptr);
+                int64_t tokens, float* out, float* scratch, void* stream = nullptr);
+int64_t hyper_head_scratch(const HyperParams& p, int64_t tokens);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_mhc(Registry& registry);

@@ -23,6 +23,10 @@ std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {
   return s;
 }
 
+std::unique_ptr<SequenceState> CpuExecutor::clone(const SequenceState& sequence) const {
+  return std::make_unique<CpuSequence>(static_cast<const CpuSequence&>(sequence));
+}
+
 std::vector<float> CpuExecutor::forward(SequenceState& sequence, std::span<const int32_t> tokens,
                                        LogitRows rows) const {
   return model_.forward(static_cast<CpuSequence&>(sequence).sequence, tokens, rows);

@@ -26,6 +26,8 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual std::unique_ptr<SequenceState> new_sequence() const = 0;
+  // An independent copy of `sequence` (from this executor): every part of its state.
+  virtual std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const = 0;
   // Model::forward on `sequence`, which must come from this executor's new_sequence.
   // Not safe to call from two threads at once.
   virtual std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
@@ -51,6 +53,7 @@ class CpuExecutor final : public Executor {
  public:
   explicit CpuExecutor(const Model& model) : model_(model) {}
   std::unique_ptr<SequenceState> new_sequence() const override;
+  std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override;
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              LogitRows rows) const override;
   const Plan& plan() const override { return model_.plan(); }

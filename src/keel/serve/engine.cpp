@@ -82,19 +82,21 @@ TokenLogprob logprobs_of(std::span<const float> logits, int32_t chosen, int top)
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, EngineLimits limits)
     : model_(model), cpu_(std::make_unique<CpuExecutor>(model)), executor_(cpu_.get()), tokenizer_(tokenizer),
-      limits_(limits) {
+      limits_(limits), prefix_cache_(limits.prefix_cache_bytes, limits.prefix_block) {
   start();
 }
 
 Engine::Engine(const Model& model, const Executor& executor, const Tokenizer& tokenizer, EngineLimits limits)
-    : model_(model), executor_(&executor), tokenizer_(tokenizer), limits_(limits) {
+    : model_(model), executor_(&executor), tokenizer_(tokenizer), limits_(limits),
+      prefix_cache_(limits.prefix_cache_bytes, limits.prefix_block) {
   start();
 }
 
 void Engine::start() {
-  if (limits_.max_running < 1 || limits_.max_queued < 0 || limits_.step_tokens < 1 || limits_.prefill_chunk < 1) {
+  if (limits_.max_running < 1 || limits_.max_queued < 0 || limits_.step_tokens < 1 || limits_.prefill_chunk < 1 ||
+      limits_.prefix_block < 1) {
     fail(ErrorCode::usage, {.field = "engine limits"},
-         "max running, step tokens and prefill chunk must be >= 1, max queued >= 0");
+         "max running, step tokens, prefill chunk and prefix block must be >= 1, max queued >= 0");
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -225,6 +227,21 @@ void Engine::loop() {
   }
 }
 
+// A fresh sequence, or a copy of the longest cached prefix of the prompt (leaving at
+// least one prompt token to run, whose logits give the first sampled token).
+std::unique_ptr<SequenceState> Engine::resume(std::span<const int32_t> prompt) {
+  const auto [length, state] = prefix_cache_.longest(prompt, static_cast<int64_t>(prompt.size()) - 1);
+  return state ? executor_->clone(*state) : executor_->new_sequence();
+}
+
+// After a forward that ended on a block boundary inside the prompt: keep a snapshot.
+void Engine::remember_prefix(const Active& a) {
+  const int64_t done = a.done_tokens();
+  if (done == 0 || done % prefix_cache_.block() != 0 || done >= static_cast<int64_t>(a.request.prompt.size())) return;
+  const auto prefix = std::span(a.request.prompt).first(static_cast<size_t>(done));
+  if (prefix_cache_.wants(prefix)) prefix_cache_.insert(prefix, executor_->clone(*a.sequence));
+}
+
 bool Engine::step() {
   std::vector<std::unique_ptr<Active>> dropped;  // cancelled or timed out while queued
   const auto now = Clock::now();
@@ -247,7 +264,7 @@ bool Engine::step() {
       bytes += a.need_bytes;
       if (a.order == 0) metrics_.prompt_tokens += a.request.prompt.size();
       a.order = ++next_order_;
-      a.sequence = executor_->new_sequence();
+      a.sequence = resume(a.request.prompt);
       running_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -272,7 +289,12 @@ bool Engine::step() {
   for (auto& a : running_) {
     const int64_t pending = static_cast<int64_t>(a->tokens.size()) - a->done_tokens();
     if (a->done || pending <= 1 || budget == 0) continue;
-    const int n = static_cast<int>(std::min<int64_t>({pending, limits_.prefill_chunk, budget}));
+    int n = static_cast<int>(std::min<int64_t>({pending, limits_.prefill_chunk, budget}));
+    // Chunks end at the prompt's block boundaries, where its state is worth a snapshot.
+    const int64_t done = a->done_tokens(), block = prefix_cache_.block();
+    if (prefix_cache_.enabled() && done < static_cast<int64_t>(a->request.prompt.size())) {
+      n = static_cast<int>(std::min<int64_t>(n, (done / block + 1) * block - done));
+    }
     work.emplace_back(a.get(), n);
     budget -= n;
   }
@@ -289,6 +311,7 @@ bool Engine::step() {
       finish(*a, Finish::error, e.what());
       continue;
     }
+    remember_prefix(*a);
     if (a->done_tokens() == static_cast<int64_t>(a->tokens.size())) emit_token(*a, a->sampler.next(logits), logits);
   }
 
@@ -318,6 +341,10 @@ bool Engine::step() {
   }
   state_bytes_ = bytes;
   running_count_ = running_.size();
+  metrics_.prefix_queries = prefix_cache_.queries();
+  metrics_.prefix_hits = prefix_cache_.hits();
+  metrics_.prefix_hit_tokens = prefix_cache_.hit_tokens();
+  metrics_.prefix_bytes = prefix_cache_.bytes();
   return true;
 }
 
@@ -328,6 +355,13 @@ void Engine::write_metrics(std::string& out) const {
   metrics_.finished.write(out, "keel_requests_finished_total", "reason", "Requests finished, by reason");
   write_counter(out, "keel_prompt_tokens_total", "Prompt tokens of admitted requests", metrics_.prompt_tokens.load());
   write_counter(out, "keel_generation_tokens_total", "Tokens generated", metrics_.generation_tokens.load());
+  write_counter(out, "keel_prefix_cache_queries_total", "Prefix-cache lookups (one per admitted request)",
+                metrics_.prefix_queries.load());
+  write_counter(out, "keel_prefix_cache_hits_total", "Lookups that resumed from a cached prompt prefix",
+                metrics_.prefix_hits.load());
+  write_counter(out, "keel_prefix_cache_hit_tokens_total", "Prompt tokens not recomputed thanks to the prefix cache",
+                metrics_.prefix_hit_tokens.load());
+  write_gauge(out, "keel_prefix_cache_bytes", "Bytes held by prefix snapshots", static_cast<double>(metrics_.prefix_bytes.load()));
   write_counter(out, "keel_preemptions_total", "Requests preempted (state dropped, recomputed later)", metrics_.preemptions.load());
   write_counter(out, "keel_engine_steps_total", "Engine steps", metrics_.steps.load());
   write_gauge(out, "keel_queue_depth", "Requests waiting", static_cast<double>(s.queued));

@@ -11,7 +11,10 @@
 //   4. samples the next token of every request whose input is all processed, decodes it,
 //      applies EOS / stop strings / max_tokens and hands the new text to the request's
 //      sink,
-//   5. while the state of the running requests exceeds the byte budget, preempts the
+//   5. keeps a snapshot of a request's state at each prompt block boundary it reaches
+//      (prefix caching; a new request resumes from the longest cached prefix of its
+//      prompt),
+//   6. while the state of the running requests exceeds the byte budget, preempts the
 //      newest: its state is dropped and it is queued first, to recompute its prompt and
 //      generated tokens later. The forward pass is exact under any chunking, and the
 //      request keeps its sampler, so a preempted request produces the same tokens.
@@ -39,6 +42,7 @@
 #include "model/model.h"
 #include "ops/sampling.h"
 #include "serve/metrics.h"
+#include "serve/prefix_cache.h"
 #include "tokenizer/tokenizer.h"
 
 namespace keel::serve {
@@ -49,6 +53,8 @@ struct EngineLimits {
   int step_tokens = 256;        // tokens one step forwards, all requests together
   int prefill_chunk = 64;       // prompt tokens one request forwards per step
   uint64_t state_bytes = 256ull << 20;  // sequence-state budget of the running requests
+  uint64_t prefix_cache_bytes = 64ull << 20;  // prefix snapshots kept (0: no prefix cache)
+  int prefix_block = 64;        // prompt prefixes are cached at multiples of this
   std::chrono::milliseconds timeout{600'000};  // per request, from submission
 };
 
@@ -126,6 +132,8 @@ class Engine {
  private:
   struct Active;
   void start();  // checks the limits, starts the thread
+  std::unique_ptr<SequenceState> resume(std::span<const int32_t> prompt);
+  void remember_prefix(const Active& a);
   void loop();
   bool step();  // false when idle
   void finish(Active& a, Finish why, std::string error = {});
@@ -136,6 +144,7 @@ class Engine {
   const Executor* executor_;
   const Tokenizer& tokenizer_;
   EngineLimits limits_;
+  PrefixCache prefix_cache_;  // engine thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

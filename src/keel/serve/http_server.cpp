@@ -273,8 +273,6 @@ std::string HttpServer::Impl::metrics() const {
   http_requests.write(out, "keel_http_requests_total", "code", "HTTP responses, by status code");
   write_gauge(out, "keel_http_connections", "Open HTTP connections", static_cast<double>(connections.load()));
   engine.write_metrics(out);
-  write_counter(out, "keel_prefix_cache_queries_total", "Prefix-cache lookups (no prefix cache yet: always 0)", 0);
-  write_counter(out, "keel_prefix_cache_hits_total", "Prefix-cache hits (no prefix cache yet: always 0)", 0);
   return out;
 }
 

@@ -46,6 +46,8 @@ void write_gauge(std::string& out, std::string_view name, std::string_view help,
 struct EngineMetrics {
   std::atomic<uint64_t> requests_submitted{0}, requests_rejected{0}, prompt_tokens{0},
       generation_tokens{0}, preemptions{0}, steps{0};
+  // The prefix cache's counters, copied from the engine thread after each step.
+  std::atomic<uint64_t> prefix_queries{0}, prefix_hits{0}, prefix_hit_tokens{0}, prefix_bytes{0};
   LabeledCounter finished;  // by finish reason
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
