@@ -183,6 +183,19 @@ test('api key and body limit', async () => {
 // 64 streaming clients for a bounded time: every request completes or gets 503, each
 // stream equals the non-streamed result of its seed, and clients that disconnect
 // mid-stream have their requests cancelled and state freed.
+test('keel bench serve measures a run against the server', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const out = execFileSync(KEEL, ['bench', 'serve', '--url', server.url, '--num-prompts', '8', '--concurrency', '4',
+    '--input-len', '24', '--output-len', '6', '--json'], { encoding: 'utf8' });
+  const r = JSON.parse(out);
+  assert.equal(r.model, MODEL);
+  assert.equal(r.completed, 8, r.first_error);
+  assert.equal(r.output_tokens, 8 * 6);  // ignore_eos: every request runs to --output-len
+  assert.equal(r.input_tokens, 8 * 24);
+  assert.ok(r.ttft_ms.p50 > 0 && r.e2e_ms.p99 >= r.ttft_ms.p99 && r.tpot_ms.mean > 0);
+  assert.ok(r.request_throughput > 0 && r.output_throughput > 0);
+});
+
 test('load: 64 concurrent streaming clients', async () => {
   const seconds = 12, seeds = 16;
   const deadline = Date.now() + seconds * 1000;

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "base/error.h"
 #include "cli/commands.h"
 #include "cli/runner.h"
 #include "ops/sampling.h"
@@ -56,7 +57,8 @@ void add_bench(CLI::App& app) {
     KernelOptions kernels;
   };
   auto o = std::make_shared<Options>();
-  cmd->add_option("--model", o->model, "Model directory")->required();
+  cmd->add_option("--model", o->model, "Model directory (required unless `keel bench serve`)");
+  add_bench_serve(*cmd);
   cmd->add_option("--prompt", o->prompt, "Prefill tokens (one call)")->capture_default_str();
   cmd->add_option("--decode", o->decode, "Decode steps after the prefill")->capture_default_str();
   cmd->add_option("--runs", o->runs, "Repetitions; the best is reported")->capture_default_str();
@@ -64,7 +66,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
   cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
   add_kernel_options(cmd, o->kernels);
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
+    if (cmd->got_subcommand("serve")) return;
+    if (o->model.empty()) fail(ErrorCode::usage, {.field = "--model"}, "keel bench needs --model DIR");
     const Loaded loaded = load_executor(o->model, o->json, o->kernels);
     const Model& model = *loaded.model;
     Runner runner(*loaded.executor);

@@ -12,6 +12,7 @@ void add_tokenize(CLI::App& app);
 void add_logits(CLI::App& app);
 void add_run(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_serve(CLI::App& bench);  // keel bench serve
 void add_perplexity(CLI::App& app);
 void add_serve(CLI::App& app);
 
