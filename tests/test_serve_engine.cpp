@@ -246,6 +246,32 @@ TEST(ServeEngine, PrefixCacheWithoutRoomCachesNothing) {
   EXPECT_EQ(metric(engine, "keel_prefix_cache_bytes"), 0);
 }
 
+// Waiting requests are admitted by priority (lower first), arrivals in order within one.
+TEST(ServeEngine, QueueAdmitsByPriority) {
+  Engine engine(*demo().model, demo().tokenizer, {.max_running = 1});
+  std::mutex mutex;
+  std::vector<std::string> finished;
+  const auto named = [&](Outcome& out, std::string name) {
+    return [&out, &mutex, &finished, name, inner = out.sink()](GenerationEvent&& ev) mutable {
+      if (ev.finish != Finish::none) {
+        std::lock_guard lock(mutex);
+        finished.push_back(name);
+      }
+      inner(std::move(ev));
+    };
+  };
+  const auto prompt = prompt_of(kPrompts[0]);
+  Outcome running, low, high, normal;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .ignore_eos = true}, named(running, "running")));
+  while (running.token_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = 5}, named(low, "low")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true}, named(normal, "normal")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -3}, named(high, "high")));
+  for (Outcome* o : {&running, &low, &high, &normal}) o->wait();
+  EXPECT_EQ(finished, (std::vector<std::string>{"running", "high", "normal", "low"}));
+  EXPECT_EQ(low.tokens, high.tokens);  // priority changes when, not what
+}
+
 TEST(ServeEngine, StopStringEndsTheTextBeforeIt) {
   const auto prompt = prompt_of(kPrompts[0]);
   const auto tokens = reference(prompt, 40);

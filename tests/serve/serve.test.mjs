@@ -162,6 +162,8 @@ test('bad requests get OpenAI errors with the right status', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: hello }), (e) => e.status === 404 && e.code === 'model_not_found');
   await assert.rejects(chat({ max_tokens: -5 }), (e) => e.status === 400 && e.param === 'max_tokens');
   await assert.rejects(chat({ temperature: 7 }), (e) => e.status === 400 && e.param === 'temperature');
+  await assert.rejects(chat({ priority: 'high' }), (e) => e.status === 400 && e.param === 'priority');
+  assert.ok((await chat({ priority: -2 })).choices[0].message.content.length > 0);
   const long = 'the morning was fine and '.repeat(1200);
   await assert.rejects(chat({ messages: [{ role: 'user', content: long }] }), (e) => e.status === 400 && e.code === 'context_length_exceeded');
   await assert.rejects(chat({ messages: [{ role: 'wizard', content: 'x' }] }), (e) => e.status === 400);

@@ -140,7 +140,7 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, Sink si
       metrics_.requests_rejected++;
       return nullptr;
     }
-    queue_.push_back(std::move(active));
+    enqueue(std::move(active), false);
   }
   metrics_.requests_submitted++;
   wake_.notify_one();
@@ -242,6 +242,16 @@ void Engine::remember_prefix(const Active& a) {
   if (prefix_cache_.wants(prefix)) prefix_cache_.insert(prefix, executor_->clone(*a.sequence));
 }
 
+// The queue is ordered by priority; within one priority, arrivals go last and preempted
+// requests first (they already waited).
+void Engine::enqueue(std::unique_ptr<Active> a, bool first_of_priority) {
+  const int p = a->request.priority;
+  const auto at = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) {
+    return first_of_priority ? q->request.priority >= p : q->request.priority > p;
+  });
+  queue_.insert(at, std::move(a));
+}
+
 bool Engine::step() {
   std::vector<std::unique_ptr<Active>> dropped;  // cancelled or timed out while queued
   const auto now = Clock::now();
@@ -321,8 +331,10 @@ bool Engine::step() {
   uint64_t bytes = 0;
   for (const auto& a : running_) bytes += a->sequence->bytes();
   while (bytes > limits_.state_bytes && running_.size() > 1) {
-    auto newest = std::max_element(running_.begin(), running_.end(),
-                                   [](const auto& x, const auto& y) { return x->order < y->order; });
+    // The lowest priority (largest value), the newest among equals.
+    auto newest = std::max_element(running_.begin(), running_.end(), [](const auto& x, const auto& y) {
+      return std::pair(x->request.priority, x->order) < std::pair(y->request.priority, y->order);
+    });
     std::unique_ptr<Active> a = std::move(*newest);
     running_.erase(newest);
     a->need_bytes = a->sequence->bytes();
@@ -330,7 +342,7 @@ bool Engine::step() {
     a->sequence.reset();
     metrics_.preemptions++;
     std::lock_guard lock(mutex_);
-    queue_.push_front(std::move(a));
+    enqueue(std::move(a), true);
   }
   if (bytes > limits_.state_bytes && running_.size() == 1) {
     finish(*running_.front(), Finish::error,

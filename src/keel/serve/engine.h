@@ -3,8 +3,9 @@
 //
 // Each step
 //   1. drops requests that were cancelled or passed their deadline (their state freed),
-//   2. admits queued requests while fewer than max_running run and the sequence state
-//      fits the byte budget (a preempted request waits until its last size fits again),
+//   2. admits queued requests, by priority and then in arrival order, while fewer than
+//      max_running run and the sequence state fits the byte budget (a preempted request
+//      waits until its last size fits again),
 //   3. spends a token budget: one token for every decoding request first, then prompt
 //      chunks of at most prefill_chunk tokens per request, oldest first, so a long
 //      prompt never stalls decoding,
@@ -15,7 +16,8 @@
 //      (prefix caching; a new request resumes from the longest cached prefix of its
 //      prompt),
 //   6. while the state of the running requests exceeds the byte budget, preempts the
-//      newest: its state is dropped and it is queued first, to recompute its prompt and
+//      lowest-priority request (the newest among equals): its state is dropped and it is
+//      queued first among its priority, to recompute its prompt and
 //      generated tokens later. The forward pass is exact under any chunking, and the
 //      request keeps its sampler, so a preempted request produces the same tokens.
 //
@@ -64,6 +66,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;  // generation ends before the first one; it is not returned
   bool ignore_eos = false;
+  int priority = 0;               // lower runs first and is preempted last (as vLLM's `priority`)
   bool skip_special = false;      // leave special tokens out of the text
   int top_logprobs = -1;          // -1: no logprobs; 0..20: the chosen token's and that many others
 };
@@ -132,6 +135,7 @@ class Engine {
  private:
   struct Active;
   void start();  // checks the limits, starts the thread
+  void enqueue(std::unique_ptr<Active> a, bool first_of_priority);  // mutex_ held
   std::unique_ptr<SequenceState> resume(std::span<const int32_t> prompt);
   void remember_prefix(const Active& a);
   void loop();

@@ -26,7 +26,7 @@ namespace {
 const std::set<std::string> kCommon = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n",
     "stop", "logprobs", "top_logprobs", "user", "frequency_penalty", "presence_penalty", "ignore_eos",
-    "skip_special_tokens"};
+    "skip_special_tokens", "priority"};
 const std::set<std::string> kChat = {"messages", "max_completion_tokens", "tools", "tool_choice", "response_format",
                                      "reasoning_effort", "thinking", "chat_template_kwargs", "parallel_tool_calls"};
 const std::set<std::string> kCompletions = {"prompt"};
@@ -188,6 +188,9 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ServedM
   s.min_p = static_cast<float>(number(body, "min_p", 0.0, 0, 1));
   s.top_k = static_cast<int>(integer(body, "top_k", -1, c.vocab_size).value_or(0));
   if (s.top_k < 0) s.top_k = 0;
+  if (auto priority = integer(body, "priority", -1'000'000, 1'000'000)) {
+    r.generation.priority = static_cast<int>(*priority);
+  }
   if (auto seed = integer(body, "seed", INT64_MIN, INT64_MAX)) {
     s.seed = static_cast<uint64_t>(*seed);
   } else {
