@@ -1,7 +1,5 @@
 #include "cli/runner.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
@@ -137,9 +135,8 @@ Loaded load_executor(const std::string& directory, bool quiet, const KernelOptio
     return l;
   }
 #if KEEL_HAVE_CUDA
-  KernelOptions host;  // the host copy only feeds the upload: the CPU's own plan
-  host.verbose = false;
-  Loaded l{load_model(directory, /*quiet=*/true, host)};
+  // The host copy only feeds the upload: it keeps the CPU's own automatic plan.
+  Loaded l{load_model(directory, /*quiet=*/true, KernelOptions{})};
   const auto start = std::chrono::steady_clock::now();
   auto model = cuda::GpuModel::create(*l.model, *gpu, options.target, options.draft);
   const std::string name = cuda::devices().at(*gpu).name;
