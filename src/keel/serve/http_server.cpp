@@ -62,10 +62,16 @@ class Session : public std::enable_shared_from_this<Session> {
     for (auto& h : handles_) h->cancel();
   }
 
+  // Reads the next request on the connection (the first, or the next one kept alive).
   void start() {
     parser_.emplace();
     parser_->body_limit(server_.options.max_body_bytes);
-    stream_.expires_after(std::chrono::seconds(60));
+    request_.reset();
+    builder_.reset();
+    handles_.clear();
+    done_ = written_ = keep_alive_ = false;
+    ++serial_;
+    stream_.expires_after(std::chrono::seconds(60));  // also the idle limit of a kept-alive connection
     http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_read(ec);
     });
@@ -74,6 +80,9 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void on_read(beast::error_code ec) {
     stream_.expires_never();
+    // JSON responses carry their length, so the connection can take another request;
+    // a server-sent event stream ends by closing it.
+    keep_alive_ = !ec && parser_->get().keep_alive();
     if (ec == http::error::body_limit) {
       return respond_error(ApiError(413, "invalid_request_error",
                                     fmt::format("the body is larger than {} bytes", server_.options.max_body_bytes)));
@@ -133,8 +142,11 @@ class Session : public std::enable_shared_from_this<Session> {
       g.sampling.seed += static_cast<uint64_t>(i);
       std::shared_ptr<RequestHandle> handle;
       try {
-        handle = server_.engine.submit(std::move(g), [self = shared_from_this(), i, executor](GenerationEvent&& ev) {
-          net::post(executor, [self, i, ev = std::move(ev)] { self->on_event(i, ev); });
+        handle = server_.engine.submit(std::move(g), [self = shared_from_this(), i, executor, serial = serial_](
+                                                          GenerationEvent&& ev) {
+          net::post(executor, [self, i, serial, ev = std::move(ev)] {
+            if (serial == self->serial_) self->on_event(i, ev);  // not a late event of an earlier request
+          });
         });
       } catch (const Error& e) {
         for (auto& h : handles_) h->cancel();
@@ -149,23 +161,40 @@ class Session : public std::enable_shared_from_this<Session> {
       handles_.push_back(std::move(handle));
     }
     if (request_->stream) {
+      keep_alive_ = false;
       server_.http_requests.add("200");
       send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n");
     }
     watch();
   }
 
-  // A read while the response is produced: the client sends nothing more, so its
-  // completion means the connection closed (the request is cancelled).
+  // A read while the response is produced: its failure means the client went away (the
+  // requests are cancelled). Bytes it reads are the start of the client's next request
+  // and are kept for it.
   void watch() {
-    stream_.socket().async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) {
-        self->disconnected_ = true;
-        for (auto& h : self->handles_) h->cancel();
-      } else if (!self->done_) {
-        self->watch();
+    watching_ = true;
+    stream_.socket().async_read_some(net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->watching_ = false;
+      if (!ec) {
+        self->buffer_.commit(net::buffer_copy(self->buffer_.prepare(n), net::buffer(self->scratch_.data(), n)));
+        return self->done_ ? self->after_response() : self->watch();
       }
+      if (ec == net::error::operation_aborted && self->done_) return self->after_response();  // cancelled by us
+      self->disconnected_ = true;
+      for (auto& h : self->handles_) h->cancel();
     });
+  }
+
+  // Once the response is written and no read is in flight: the next request, or close.
+  void after_response() {
+    if (!written_) return;
+    if (!keep_alive_ || disconnected_) return close();
+    if (watching_) {
+      beast::error_code ec;
+      stream_.socket().cancel(ec);  // the watch ends with operation_aborted and comes back here
+      return;
+    }
+    start();
   }
 
   void on_event(int choice, const GenerationEvent& ev) {
@@ -176,7 +205,7 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const std::exception& e) {
       for (auto& h : handles_) h->cancel();
       if (!request_->stream) return respond_error(ApiError(500, "server_error", e.what()));
-      done_ = close_after_ = true;
+      done_ = complete_ = true;
       send("data: " + ApiError(500, "server_error", e.what()).body() + "\n\n");
       return flush();
     }
@@ -190,7 +219,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (failure) send("data: " + failure->body() + "\n\n");
       if (request_->include_usage && !failure) send("data: " + builder_->usage_chunk() + "\n\n");
       send("data: [DONE]\n\n");
-      close_after_ = true;
+      complete_ = true;
       flush();
     } else if (failure) {
       respond_error(*failure);
@@ -208,9 +237,10 @@ class Session : public std::enable_shared_from_this<Session> {
                const std::string& extra_headers = {}) {
     done_ = true;
     server_.http_requests.add(std::to_string(status));
-    send(fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n{}", status,
-                     reason(status), type, body.size(), extra_headers, body));
-    close_after_ = true;
+    send(fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n{}\r\n{}",
+                     status, reason(status), type, body.size(), keep_alive_ ? "keep-alive" : "close", extra_headers,
+                     body));
+    complete_ = true;
     flush();
   }
 
@@ -223,7 +253,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void flush() {
     if (writing_) return;
     if (outbox_.empty()) {
-      if (close_after_) close();
+      if (complete_) {
+        complete_ = false;
+        written_ = true;
+        after_response();
+      }
       return;
     }
     writing_ = true;
@@ -255,7 +289,12 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::shared_ptr<RequestHandle>> handles_;
   std::deque<std::string> outbox_;
   std::array<char, 256> scratch_{};
-  bool writing_ = false, close_after_ = false, done_ = false, disconnected_ = false;
+  bool writing_ = false, done_ = false, disconnected_ = false;
+  bool complete_ = false;    // the whole response is queued
+  bool written_ = false;     // ... and written
+  bool keep_alive_ = false;  // the connection takes another request after it
+  bool watching_ = false;    // watch()'s read is in flight
+  uint64_t serial_ = 0;      // the connection's request number: engine events carry theirs
 };
 
 }  // namespace
