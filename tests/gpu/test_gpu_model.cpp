@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -155,6 +156,83 @@ TEST(GpuModel, DemoModelMatchesCpu) {
   for (float v : want) scale = std::max(scale, std::fabs(v));
   expect_close(run_in_calls(*gpu, ids, {37, 1, 64, 5}), want, V, 1e-3f * scale, "chunks 37,1,64,5...");
   expect_close(run_in_calls(*gpu, ids, {200, 1}), want, V, 1e-3f * scale, "prefill 200 then decode");
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+// Batch invariance: sequences that join at different steps and run chunks of different
+// sizes (prefill chunks beside decode tokens) in batched calls get exactly the logits,
+// bit for bit, of the same calls made for each alone, and a batched call asking for
+// each chunk's last row gets the single calls' last rows.
+TEST(GpuModel, BatchedCallsEqualSingleCalls) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  const auto gpu = GpuModel::create(*host);
+  const int64_t V = host->config().vocab_size;
+  struct Schedule {
+    int64_t length, join;
+    std::vector<int64_t> sizes;  // chunk sizes, the last repeats
+  };
+  const std::vector<Schedule> plans{{260, 0, {37, 1, 64, 5, 1}}, {150, 2, {100, 1}}, {90, 1, {1}},
+                                {40, 4, {13, 3, 1}},       {7, 5, {7, 1}}};
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> ids;
+  for (const Schedule& p : plans) {
+    ids.emplace_back(p.length);
+    for (auto& id : ids.back()) id = static_cast<int32_t>(rng() % V);
+  }
+  std::vector<DeviceSequence> seqs;
+  for (size_t i = 0; i < plans.size(); ++i) seqs.push_back(gpu->new_sequence());
+  std::vector<std::vector<float>> batched(plans.size());
+  std::vector<size_t> calls(plans.size());
+  for (int64_t round = 0;; ++round) {
+    std::vector<DeviceChunk> chunks;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const int64_t done = seqs[i].length, left = plans[i].length - done;
+      if (round < plans[i].join || left == 0) continue;
+      const auto& sizes = plans[i].sizes;
+      const int64_t n = std::min(sizes[std::min(calls[i]++, sizes.size() - 1)], left);
+      chunks.push_back({&seqs[i], std::span(ids[i]).subspan(done, n)});
+      who.push_back(i);
+    }
+    if (chunks.empty()) break;
+    const auto logits = gpu->forward(chunks);
+    for (size_t j = 0; j < who.size(); ++j) {
+      ASSERT_EQ(logits[j].size(), chunks[j].tokens.size() * V);
+      batched[who[j]].insert(batched[who[j]].end(), logits[j].begin(), logits[j].end());
+    }
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    EXPECT_EQ(seqs[i].length, plans[i].length);
+    EXPECT_TRUE(same_bits(batched[i], run_in_calls(*gpu, ids[i], plans[i].sizes))) << "sequence " << i;
+  }
+  // One more token each, last rows only: batched against each sequence's copy alone.
+  std::vector<DeviceSequence> copies;
+  std::vector<DeviceChunk> chunks;
+  const std::vector<int32_t> next{5, 17, 2, 40, 9};
+  for (size_t i = 0; i < seqs.size(); ++i) copies.push_back(gpu->clone(seqs[i]));
+  for (size_t i = 0; i < seqs.size(); ++i) chunks.push_back({&seqs[i], std::span(&next[i], 1)});
+  const auto last = gpu->forward(chunks, LogitRows::last);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    EXPECT_TRUE(same_bits(last[i], gpu->forward(copies[i], std::span(&next[i], 1), LogitRows::last))) << i;
+  }
+}
+
+// A batch with a bad chunk, or one sequence twice, fails before any sequence changes.
+TEST(GpuModel, BatchedCallRejectsBadChunksFirst) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("tests/fixtures/tiny"));
+  const auto gpu = GpuModel::create(*host);
+  DeviceSequence a = gpu->new_sequence(), b = gpu->new_sequence();
+  const std::vector<int32_t> good{1, 2, 3}, bad{1, 97};
+  const std::vector<DeviceChunk> with_bad{{&a, good}, {&b, bad}}, twice{{&a, good}, {&a, good}};
+  EXPECT_THROW(gpu->forward(with_bad), Error);
+  EXPECT_THROW(gpu->forward(twice), Error);
+  EXPECT_EQ(a.length, 0);
+  EXPECT_EQ(b.length, 0);
 }
 
 TEST(GpuModel, RejectsBadInputAndKeepsTheSequence) {

@@ -45,13 +45,60 @@ void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   }
 }
 
+// Decode speed of `batch` sequences at once: each gets its own random prompt (prefilled
+// in batched calls of at most kPrefillRows rows), then every step is one batched call
+// with one token per sequence. The best of `runs`.
+struct BatchedDecode {
+  int batch = 0, prompt = 0, steps = 0;
+  double step_seconds = 0;
+  double tokens_per_second() const { return batch / step_seconds; }
+};
+
+BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch, int prompt, int steps, int runs) {
+  if (batch < 1 || prompt < 1 || steps < 1) {
+    fail(ErrorCode::usage, {.field = "--batch"}, "batch sizes, --batch-prompt and --decode must be positive");
+  }
+  constexpr int kPrefillRows = 2048;
+  std::mt19937 rng(2);
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>(prompt));
+  for (auto& p : prompts) {
+    for (auto& id : p) id = static_cast<int32_t>(rng() % c.vocab_size);
+  }
+  BatchedDecode result{batch, prompt, steps, 1e30};
+  for (int r = 0; r < runs; ++r) {
+    std::vector<std::unique_ptr<SequenceState>> sequences;
+    std::vector<int32_t> next(batch);
+    for (int first = 0; first < batch;) {
+      const int count = std::max(1, std::min(batch - first, kPrefillRows / prompt));
+      std::vector<SequenceChunk> chunks;
+      for (int i = first; i < first + count; ++i) {
+        sequences.push_back(executor.new_sequence());
+        chunks.push_back({sequences.back().get(), prompts[i]});
+      }
+      const auto logits = executor.forward_batch(chunks, LogitRows::last);
+      for (int i = 0; i < count; ++i) next[first + i] = argmax(logits[i]);
+      first += count;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int step = 0; step < steps; ++step) {
+      std::vector<SequenceChunk> chunks;
+      for (int i = 0; i < batch; ++i) chunks.push_back({sequences[i].get(), std::span(&next[i], 1)});
+      const auto logits = executor.forward_batch(chunks, LogitRows::last);
+      for (int i = 0; i < batch; ++i) next[i] = argmax(logits[i]);
+    }
+    result.step_seconds = std::min(result.step_seconds, seconds_since(start) / steps);
+  }
+  return result;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU or a GPU, against measured memory bandwidth");
   struct Options {
     std::string model;
-    int prompt = 256, decode = 64, runs = 3;
+    int prompt = 256, decode = 64, runs = 3, batch_prompt = 32;
+    std::vector<int> batches;
     uint64_t bandwidth_mib = 2048;
     bool json = false, profile = false;
     KernelOptions kernels;
@@ -63,6 +110,11 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--decode", o->decode, "Decode steps after the prefill")->capture_default_str();
   cmd->add_option("--runs", o->runs, "Repetitions; the best is reported")->capture_default_str();
   cmd->add_option("--bandwidth-mib", o->bandwidth_mib, "Buffer for the bandwidth measurement")->capture_default_str();
+  cmd->add_option("--batch", o->batches,
+                  "Also decode this many sequences at once (comma-separated sizes), each step one batched call")
+      ->delimiter(',');
+  cmd->add_option("--batch-prompt", o->batch_prompt, "Prompt tokens of each sequence in the batched runs")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
   cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
   add_kernel_options(cmd, o->kernels);
@@ -94,6 +146,10 @@ void add_bench(CLI::App& app) {
         decode_comm_s = runner.executor().communication_seconds();
       }
     }
+    std::vector<BatchedDecode> batched;
+    for (int b : o->batches) {
+      batched.push_back(batched_decode(runner.executor(), c, b, o->batch_prompt, o->decode, o->runs));
+    }
     const double bandwidth = runner.executor().measure_bandwidth(o->bandwidth_mib << 20);
     // Several GPUs: one all-reduce of [1, hidden] per MoE layer per decode step.
     const double comm_per_step = decode_comm_s / o->decode;
@@ -102,13 +158,19 @@ void add_bench(CLI::App& app) {
     const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
     if (o->json) {
+      std::string batched_json;
+      for (const BatchedDecode& b : batched) {
+        batched_json += fmt::format("{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}}}",
+                                    batched_json.empty() ? "" : ", ", b.batch, b.prompt, b.tokens_per_second(),
+                                    b.step_seconds * 1e3);
+      }
       fmt::print(
           "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
           "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
           "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
-          "\"decode_comm_floor_ms\": {:.4f}}}\n",
+          "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}]}}\n",
           runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
-          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3);
+          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json);
       return;
     }
     fmt::print("device                  {}\n", runner.executor().device());
@@ -120,6 +182,10 @@ void add_bench(CLI::App& app) {
     fmt::print("memory bandwidth        {:.2f} GB/s (measured now, {} MiB buffer; GPU: copy, read + write)\n",
                bandwidth / 1e9, o->bandwidth_mib);
     fmt::print("share of bandwidth      {:.1f}%\n", 100.0 * achieved / bandwidth);
+    for (const BatchedDecode& b : batched) {
+      fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts)\n", b.batch,
+                 b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt);
+    }
     if (o->profile) print_profile(runner, prompt, o->decode);
     if (comm_floor > 0) {
       fmt::print("decode communication    {:.3f} ms per step = {:.1f}% of the step; floor {:.3f} ms ({} all-reduces of "

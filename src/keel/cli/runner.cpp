@@ -40,6 +40,12 @@ class GpuExecutor final : public Executor {
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
     return model_->forward(static_cast<GpuSequence&>(sequence).sequence, tokens, rows);
   }
+  std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
+                                                LogitRows rows) const override {
+    std::vector<cuda::DeviceChunk> chunks;
+    for (const SequenceChunk& c : batch) chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens});
+    return model_->forward(chunks, rows);
+  }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
@@ -80,6 +86,14 @@ class ParallelExecutor final : public Executor {
   }
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
     return model_->forward(static_cast<ParallelSequence&>(sequence).sequence, tokens, rows);
+  }
+  std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
+                                                LogitRows rows) const override {
+    std::vector<parallel::ExpertParallelModel::Chunk> chunks;
+    for (const SequenceChunk& c : batch) {
+      chunks.push_back({&static_cast<ParallelSequence*>(c.sequence)->sequence, c.tokens});
+    }
+    return model_->forward(chunks, rows);
   }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override {

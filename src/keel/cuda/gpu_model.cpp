@@ -218,9 +218,10 @@ struct GpuModel::Workspace {
   DeviceBuffer<int64_t> positions, entry_positions;
   DeviceBuffer<float> streams, x, y, pre, post, comb, mix_scratch;
   DeviceBuffer<float> qr, q, o, attention_scratch, group_in, group_out, u, index_q, index_w, index_scores;
-  DeviceBuffer<float> proj_kv, proj_gate, rows_kv, rows_gate, slot_values, slot_gates;
+  DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, rows_kv, rows_gate, slot_values, slot_gates;
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
-  DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_in, logits;
+  DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
+  DeviceBuffer<float> logits;
   DeviceBuffer<int32_t> route_experts, hashed;
 };
 
@@ -231,7 +232,8 @@ float* grow(DeviceBuffer<float>& b, int64_t n) {
   return b.data();
 }
 
-// What every step of one forward call shares (model/forward.cpp's Step).
+// What every step of one forward call shares (model/forward.cpp's Step). A call's rows
+// are the tokens of every chunk in the batch, chunk after chunk.
 struct Step {
   const ModelConfig& c;
   const ExpertShare& share;
@@ -239,8 +241,8 @@ struct Step {
   const DeviceRope& rope;
   GpuModel::Workspace& ws;
   cudaStream_t stream;
-  int64_t start, count;
-  std::span<const int32_t> tokens;
+  int64_t count;                    // rows
+  std::span<const int32_t> tokens;  // the token of each row
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
 
   // y = x·Wᵀ through the plan's kernel for the weight's planned format.
@@ -262,73 +264,84 @@ struct Step {
   }
 };
 
+// One sequence's rows of a call: rows [row, row + count), at positions start, start + 1, ...
+struct Part {
+  DeviceSequence* sequence;
+  int64_t start, row, count;
+};
+
 constexpr size_t kF = sizeof(float);
 
 // --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
 
-// Entries go to `entries` (row 0 = entry 0, rows of dim); the rest stays pending.
-void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& st, const float* x, float* entries) {
+// One sequence's `n` token projections kv, gate ([n, width]) join its compressor: the
+// windows they close become entries in `entries` (row 0 = entry 0, rows of dim); the
+// rest stays pending.
+void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& st, const float* kv, const float* gate,
+              int64_t n, float* entries) {
   const int m = w.ratio, dim = w.dim;
   const int64_t width = w.width(), row_bytes = width * kF;
-  const float* kv = s.project(w.wkv, x, s.ws.proj_kv);
-  const float* gate = s.project(w.wgate, x, s.ws.proj_gate);
+  st.pending_kv.resize(m * width);
+  st.pending_gate.resize(m * width);
+  if (st.pending + n < m) {  // no window closes (most decode steps): the rows join the open one
+    s.copy(st.pending_kv.data() + st.pending * width, kv, n * row_bytes);
+    s.copy(st.pending_gate.data() + st.pending * width, gate, n * row_bytes);
+    st.pending += static_cast<int>(n);
+    return;
+  }
   // The token rows in order: the previous window (CSA), the open window, this chunk.
   const int64_t before = w.overlapping && st.count > 0 ? m : 0;
-  const int64_t rows = before + st.pending + s.count, windows = (st.pending + s.count) / m;
+  const int64_t rows = before + st.pending + n, windows = (st.pending + n) / m;
   float* all_kv = grow(s.ws.rows_kv, rows * width);
   float* all_gate = grow(s.ws.rows_gate, rows * width);
   s.copy(all_kv, st.previous_kv.data(), before * row_bytes);
   s.copy(all_gate, st.previous_gate.data(), before * row_bytes);
   s.copy(all_kv + before * width, st.pending_kv.data(), st.pending * row_bytes);
   s.copy(all_gate + before * width, st.pending_gate.data(), st.pending * row_bytes);
-  s.copy(all_kv + (before + st.pending) * width, kv, s.count * row_bytes);
-  s.copy(all_gate + (before + st.pending) * width, gate, s.count * row_bytes);
+  s.copy(all_kv + (before + st.pending) * width, kv, n * row_bytes);
+  s.copy(all_gate + (before + st.pending) * width, gate, n * row_bytes);
 
-  if (windows > 0) {
-    float* out = entries + st.count * dim;
-    const float* ape = w.ape.data();
-    // CSA's first window has no previous series: ratio slots instead of 2·ratio.
-    const int64_t lone = w.overlapping && st.count == 0 ? 1 : 0;
-    const auto pool_windows = [&](int64_t first, int64_t n, bool previous) {
-      const int slots = previous ? 2 * m : m;
-      float* values = grow(s.ws.slot_values, n * slots * dim);
-      float* gates = grow(s.ws.slot_gates, n * slots * dim);
-      compressor_slots(all_kv, all_gate, ape, width, dim, m, w.overlapping, before + first * m, n, previous, values,
-                       gates, s.stream);
-      s.k.pool(values, gates, n, slots, dim, out + first * dim, s.stream);
-    };
-    if (lone) pool_windows(0, 1, false);
-    if (windows > lone) pool_windows(lone, windows - lone, w.overlapping);
-    s.k.norm(out, w.norm.data(), s.eps(), out, windows, dim, s.stream);
-    std::vector<int64_t> positions(windows);  // an entry sits at its window's start
-    for (int64_t i = 0; i < windows; ++i) positions[i] = (st.count + i) * m;
-    s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
-    cuda::rope(s.rope, out, windows, 1, dim, s.ws.entry_positions.data(), false, s.stream);
-    if (w.overlapping) {
-      const int64_t last = before + (windows - 1) * m;
-      st.previous_kv.resize(m * width);
-      st.previous_gate.resize(m * width);
-      s.copy(st.previous_kv.data(), all_kv + last * width, m * row_bytes);
-      s.copy(st.previous_gate.data(), all_gate + last * width, m * row_bytes);
-    }
-    st.count += windows;
+  float* out = entries + st.count * dim;
+  const float* ape = w.ape.data();
+  // CSA's first window has no previous series: ratio slots instead of 2·ratio.
+  const int64_t lone = w.overlapping && st.count == 0 ? 1 : 0;
+  const auto pool_windows = [&](int64_t first, int64_t count, bool previous) {
+    const int slots = previous ? 2 * m : m;
+    float* values = grow(s.ws.slot_values, count * slots * dim);
+    float* gates = grow(s.ws.slot_gates, count * slots * dim);
+    compressor_slots(all_kv, all_gate, ape, width, dim, m, w.overlapping, before + first * m, count, previous, values,
+                     gates, s.stream);
+    s.k.pool(values, gates, count, slots, dim, out + first * dim, s.stream);
+  };
+  if (lone) pool_windows(0, 1, false);
+  if (windows > lone) pool_windows(lone, windows - lone, w.overlapping);
+  s.k.norm(out, w.norm.data(), s.eps(), out, windows, dim, s.stream);
+  std::vector<int64_t> positions(windows);  // an entry sits at its window's start
+  for (int64_t i = 0; i < windows; ++i) positions[i] = (st.count + i) * m;
+  s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
+  cuda::rope(s.rope, out, windows, 1, dim, s.ws.entry_positions.data(), false, s.stream);
+  if (w.overlapping) {
+    const int64_t last = before + (windows - 1) * m;
+    st.previous_kv.resize(m * width);
+    st.previous_gate.resize(m * width);
+    s.copy(st.previous_kv.data(), all_kv + last * width, m * row_bytes);
+    s.copy(st.previous_gate.data(), all_gate + last * width, m * row_bytes);
   }
+  st.count += windows;
   const int64_t done = before + windows * m;
   st.pending = static_cast<int>(rows - done);
-  st.pending_kv.resize(m * width);
-  st.pending_gate.resize(m * width);
   s.copy(st.pending_kv.data(), all_kv + done * width, st.pending * row_bytes);
   s.copy(st.pending_gate.data(), all_gate + done * width, st.pending * row_bytes);
 }
 
 // --- Attention (§5) ------------------------------------------------------------------------
 
-// Room for this chunk's keys and `entries` compressed entries; the ring and the entries
+// Room for `n` chunk keys and `entries` compressed entries; the ring and the entries
 // made so far move with a reallocation.
-void reserve_keys(const Step& s, DeviceLayerState& st, int64_t entries) {
+void reserve_keys(const Step& s, DeviceLayerState& st, int64_t n, int64_t entries) {
   const int64_t hd = s.c.head_dim, sw = s.c.sliding_window;
-  if (s.count <= st.chunk_rows && entries <= st.entry_rows) return;
-  const int64_t chunk = std::max(s.count, st.chunk_rows);
+  if (n <= st.chunk_rows && entries <= st.entry_rows) return;
+  const int64_t chunk = std::max(n, st.chunk_rows);
   const int64_t room = std::max({entries, st.entry_rows * 2, int64_t{64}});
   DeviceBuffer<float> keys(static_cast<size_t>((sw + chunk + room) * hd));
   if (st.keys.size()) {
@@ -341,40 +354,51 @@ void reserve_keys(const Step& s, DeviceLayerState& st, int64_t entries) {
   st.entry_rows = room;
 }
 
-// Key lists per token (window rows, then HCA entries or room for the indexer's picks).
+// Key lists per row of the call (window rows, then HCA entries or room for the
+// indexer's picks), as indices into the row's own sequence's key buffer.
 struct KeyLists {
   std::vector<int32_t> index, offsets{0};
-  std::vector<int32_t> visible, picks_at;  // CSA: per token
-  int64_t max_visible = 0;
-  int longest = 0;  // keys of the longest list
+  std::vector<int32_t> visible, picks_at;  // CSA: per row
+  std::vector<int64_t> max_visible;        // CSA: per part
+  std::vector<int> longest;                // per part: keys of its longest list
 };
 
-KeyLists key_lists(const Step& s, const GpuModel::Layer& L, const DeviceLayerState& st) {
-  const int64_t sw = s.c.sliding_window, chunk_base = sw, entry_base = sw + st.chunk_rows;
+KeyLists key_lists(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+  const int64_t sw = s.c.sliding_window;
   KeyLists k;
-  for (int64_t t = 0; t < s.count; ++t) {
-    const int64_t p = s.start + t;
-    for (int64_t j = std::max<int64_t>(0, p - sw + 1); j <= p; ++j) {
-      k.index.push_back(static_cast<int32_t>(j >= s.start ? chunk_base + (j - s.start) : j % sw));
-    }
-    if (L.compressor) {
-      const int64_t visible = (p + 1) / L.compressor->ratio;
-      if (!L.index_compressor) {
-        for (int64_t w = 0; w < visible; ++w) k.index.push_back(static_cast<int32_t>(entry_base + w));
-      } else {
-        k.visible.push_back(static_cast<int32_t>(visible));
-        k.picks_at.push_back(static_cast<int32_t>(k.index.size()));
-        k.max_visible = std::max(k.max_visible, visible);
-        k.index.resize(k.index.size() + std::min<int64_t>(visible, s.c.index_topk), -1);
+  for (const Part& part : parts) {
+    const int64_t chunk_base = sw, entry_base = sw + part.sequence->layers[layer].chunk_rows;
+    int longest = 0;
+    int64_t max_visible = 0;
+    for (int64_t t = 0; t < part.count; ++t) {
+      const int64_t p = part.start + t;
+      for (int64_t j = std::max<int64_t>(0, p - sw + 1); j <= p; ++j) {
+        k.index.push_back(static_cast<int32_t>(j >= part.start ? chunk_base + (j - part.start) : j % sw));
       }
+      if (L.compressor) {
+        const int64_t visible = (p + 1) / L.compressor->ratio;
+        if (!L.index_compressor) {
+          for (int64_t w = 0; w < visible; ++w) k.index.push_back(static_cast<int32_t>(entry_base + w));
+        } else {
+          k.visible.push_back(static_cast<int32_t>(visible));
+          k.picks_at.push_back(static_cast<int32_t>(k.index.size()));
+          max_visible = std::max(max_visible, visible);
+          k.index.resize(k.index.size() + std::min<int64_t>(visible, s.c.index_topk), -1);
+        }
+      }
+      k.offsets.push_back(static_cast<int32_t>(k.index.size()));
+      longest = std::max(longest, k.offsets.back() - k.offsets[k.offsets.size() - 2]);
     }
-    k.offsets.push_back(static_cast<int32_t>(k.index.size()));
-    k.longest = std::max(k.longest, k.offsets.back() - k.offsets[k.offsets.size() - 2]);
+    k.longest.push_back(longest);
+    k.max_visible.push_back(max_visible);
   }
   return k;
 }
 
-void attention(const Step& s, const GpuModel::Layer& L, DeviceLayerState& st, const float* x, float* y) {
+// Projections and norms run over every row of the call at once; keys, compressors,
+// indexer and attention run per sequence, each on its own state.
+void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts, const float* x,
+               float* y) {
   const ModelConfig& c = s.c;
   const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
   GpuModel::Workspace& ws = s.ws;
@@ -386,23 +410,21 @@ void attention(const Step& s, const GpuModel::Layer& L, DeviceLayerState& st, co
   float* q = s.project(L.wq_b, qr, ws.q);
   rms_norm_unweighted(q, s.eps(), S * H, hd, s.stream);
   cuda::rope(s.rope, q, S, static_cast<int>(H), static_cast<int>(hd), positions, false, s.stream);
+  float* kv = s.project(L.wkv, x, ws.kv);
+  s.k.norm(kv, L.kv_norm.data(), s.eps(), kv, S, hd, s.stream);
+  cuda::rope(s.rope, kv, S, 1, static_cast<int>(hd), positions, false, s.stream);
 
-  const int ratio = L.compressor ? L.compressor->ratio : 1;
-  reserve_keys(s, st, L.compressor ? st.compressor.count + (st.compressor.pending + S) / ratio : 0);
-  float* chunk_keys = st.keys.data() + sw * hd;
-  s.linear(L.wkv, x, chunk_keys, S);
-  s.k.norm(chunk_keys, L.kv_norm.data(), s.eps(), chunk_keys, S, hd, s.stream);
-  cuda::rope(s.rope, chunk_keys, S, 1, static_cast<int>(hd), positions, false, s.stream);
   s.mark("attention: compressor");
-  if (L.compressor) compress(s, *L.compressor, st.compressor, x, st.keys.data() + (sw + st.chunk_rows) * hd);
-
-  const float* index_q = nullptr;
-  const float* index_w = nullptr;
+  const float *ckv = nullptr, *cgate = nullptr;
+  if (L.compressor) {
+    ckv = s.project(L.compressor->wkv, x, ws.proj_kv);
+    cgate = s.project(L.compressor->wgate, x, ws.proj_gate);
+  }
+  const float *ikv = nullptr, *igate = nullptr, *index_q = nullptr, *index_w = nullptr;
   if (L.index_compressor) {
     s.mark("attention: indexer keys and queries");
-    const DeviceCompressor& ic = *L.index_compressor;
-    st.index_keys.resize((st.indexer.count + (st.indexer.pending + S) / ic.ratio) * ic.dim);
-    compress(s, ic, st.indexer, x, st.index_keys.data());
+    ikv = s.project(L.index_compressor->wkv, x, ws.index_kv);
+    igate = s.project(L.index_compressor->wgate, x, ws.index_gate);
     float* iq = s.project(L.index_wq_b, qr, ws.index_q);
     cuda::rope(s.rope, iq, S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
     float* iw = s.project(L.index_weights, x, ws.index_w);
@@ -410,36 +432,67 @@ void attention(const Step& s, const GpuModel::Layer& L, DeviceLayerState& st, co
     index_q = iq;
     index_w = iw;
   }
+  for (const Part& part : parts) {  // this chunk's keys and entries into each sequence's state
+    DeviceLayerState& st = part.sequence->layers[layer];
+    const int64_t n = part.count;
+    const int ratio = L.compressor ? L.compressor->ratio : 1;
+    reserve_keys(s, st, n, L.compressor ? st.compressor.count + (st.compressor.pending + n) / ratio : 0);
+    s.copy(st.keys.data() + sw * hd, kv + part.row * hd, n * hd * kF);
+    if (L.compressor) {
+      const int64_t width = L.compressor->width();
+      compress(s, *L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n,
+               st.keys.data() + (sw + st.chunk_rows) * hd);
+    }
+    if (L.index_compressor) {
+      const DeviceCompressor& ic = *L.index_compressor;
+      st.index_keys.resize((st.indexer.count + (st.indexer.pending + n) / ic.ratio) * ic.dim);
+      compress(s, ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n,
+               st.index_keys.data());
+    }
+  }
 
   s.mark("attention: key lists, indexer top-k");
-  const KeyLists keys = key_lists(s, L, st);
+  const KeyLists keys = key_lists(s, L, layer, parts);
   ws.stage.upload(ws.key_index, std::span<const int32_t>(keys.index), s.stream);
   ws.stage.upload(ws.key_offsets, std::span<const int32_t>(keys.offsets), s.stream);
+  int64_t score_room = 1, scratch_room = 1;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (L.index_compressor) score_room = std::max(score_room, parts[i].count * keys.max_visible[i]);
+    scratch_room = std::max(scratch_room, attend_decode_scratch(static_cast<int>(parts[i].count), static_cast<int>(H),
+                                                                static_cast<int>(hd), keys.longest[i]));
+  }
+  float* scores = grow(ws.index_scores, score_room);
+  float* scratch = grow(ws.attention_scratch, scratch_room);
   if (L.index_compressor) {
     ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
     ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
-    float* scores = grow(ws.index_scores, std::max<int64_t>(1, S * keys.max_visible));
-    s.k.index(index_q, index_w, S, c.index_n_heads, c.index_head_dim, st.index_keys.data(), ws.index_visible.data(),
-              keys.max_visible, c.index_topk, static_cast<int32_t>(sw + st.chunk_rows), ws.index_offsets.data(),
-              ws.key_index.data(), scores, s.stream);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& part = parts[i];
+      const DeviceLayerState& st = part.sequence->layers[layer];
+      s.k.index(index_q + part.row * c.index_n_heads * c.index_head_dim, index_w + part.row * c.index_n_heads,
+                part.count, c.index_n_heads, c.index_head_dim, st.index_keys.data(),
+                ws.index_visible.data() + part.row, keys.max_visible[i], c.index_topk,
+                static_cast<int32_t>(sw + st.chunk_rows), ws.index_offsets.data() + part.row, ws.key_index.data(),
+                scores, s.stream);
+    }
   }
   s.mark("attention: attend, inverse rope");
   float* o = grow(ws.o, S * H * hd);
-  const auto attend = S == 1 ? s.k.attend_decode : s.k.attend_prefill;
-  const int max_keys = keys.longest;
-  float* scratch = grow(ws.attention_scratch,
-                        std::max<int64_t>(1, attend_decode_scratch(static_cast<int>(S), static_cast<int>(H),
-                                                                   static_cast<int>(hd), max_keys)));
-  attend(q, static_cast<int>(S), static_cast<int>(H), static_cast<int>(hd), st.keys.data(), ws.key_index.data(),
-         ws.key_offsets.data(), L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o, scratch, max_keys,
-         s.stream);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& part = parts[i];
+    DeviceLayerState& st = part.sequence->layers[layer];
+    const auto attend = part.count == 1 ? s.k.attend_decode : s.k.attend_prefill;
+    attend(q + part.row * H * hd, static_cast<int>(part.count), static_cast<int>(H), static_cast<int>(hd),
+           st.keys.data(), ws.key_index.data(), ws.key_offsets.data() + part.row, L.sinks.data(),
+           1.0f / std::sqrt(static_cast<float>(hd)), o + part.row * H * hd, scratch, keys.longest[i], s.stream);
+    const int64_t end = part.start + part.count;
+    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {  // the ring keeps the newest
+      s.copy(st.keys.data() + (p % sw) * hd, kv + (part.row + p - part.start) * hd, hd * kF);
+    }
+  }
   cuda::rope(s.rope, o, S, static_cast<int>(H), static_cast<int>(hd), positions, /*inverse=*/true, s.stream);
 
-  for (int64_t p = std::max(s.start, s.start + S - sw); p < s.start + S; ++p) {  // the ring keeps the newest
-    s.copy(st.keys.data() + (p % sw) * hd, chunk_keys + (p - s.start) * hd, hd * kF);
-  }
-
-  s.mark("attention: ring, output projections");
+  s.mark("attention: output projections");
   // Grouped output projection: group g's heads through rows [g·r, (g+1)·r) of wo_a.
   const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
   float* u = grow(ws.u, S * G * r);
@@ -719,9 +772,30 @@ DeviceSequence GpuModel::new_sequence() const {
   return s;
 }
 
-std::vector<float> GpuModel::forward(DeviceSequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
+std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const int32_t> tokens,
+                                     LogitRows rows) const {
+  const DeviceChunk chunk{&sequence, tokens};
+  return std::move(forward(std::span(&chunk, 1), rows).front());
+}
+
+std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> batch, LogitRows which) const {
   const ModelConfig& c = config();
-  check_tokens(c, seq.length, tokens);
+  // Every chunk is checked before any state changes: a bad one fails the call alone.
+  std::vector<Part> parts;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> positions;
+  for (const DeviceChunk& chunk : batch) {
+    if (!chunk.sequence) fail(ErrorCode::usage, {}, "a batched forward chunk has no sequence");
+    for (const Part& p : parts) {
+      if (p.sequence == chunk.sequence) fail(ErrorCode::usage, {}, "a sequence appears twice in one batched forward");
+    }
+    check_tokens(c, chunk.sequence->length, chunk.tokens);
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    parts.push_back({chunk.sequence, chunk.sequence->length, static_cast<int64_t>(tokens.size()), n});
+    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+    for (int64_t t = 0; t < n; ++t) positions.push_back(chunk.sequence->length + t);
+  }
+  if (parts.empty()) return {};
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
   const HyperParams hp = hyper_params(c);
@@ -730,9 +804,7 @@ std::vector<float> GpuModel::forward(DeviceSequence& seq, std::span<const int32_
   top.check(plan_.arch);
 
   ws.stage.reset();  // the last call's copies are done: it ended with a synchronizing copy
-  ws.stage.upload(ws.tokens, tokens, stream_);
-  std::vector<int64_t> positions(S);
-  for (int64_t t = 0; t < S; ++t) positions[t] = seq.length + t;
+  ws.stage.upload(ws.tokens, std::span<const int32_t>(tokens), stream_);
   ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
   grow(ws.streams, S * hp.hc * D);
   if (ws.timer) ws.timer->mark("embedding", stream_);
@@ -743,29 +815,52 @@ std::vector<float> GpuModel::forward(DeviceSequence& seq, std::span<const int32_
     const Kernels& k = layer_kernels_[l];
     k.check(plan_.arch);
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, share_, k, rope, ws, stream_, seq.length, S, tokens};
-    DeviceLayerState& st = seq.layers[l];
-    hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, st, x, y); });
+    const Step s{c, share_, k, rope, ws, stream_, S, tokens};
+    hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, l, parts, x, y); });
     hyper_block(s, hp, L.hc_ffn, L.ffn_norm, [&](const float* x, float* y) { moe(s, L, x, y); });
   }
-  seq.length += S;
+  for (const Part& p : parts) p.sequence->length += p.count;
 
-  const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
+  // The rows that get logits: all, or each chunk's last (gathered when not contiguous).
   if (ws.timer) ws.timer->mark("head: hc_head, norm, lm_head, copy back", stream_);
+  const int64_t row_floats = hp.hc * D;
+  const float* head_streams = ws.streams.data();
+  int64_t n = S;
+  if (which == LogitRows::last) {
+    n = static_cast<int64_t>(parts.size());
+    if (n == 1) {
+      head_streams += (S - 1) * row_floats;
+    } else {
+      float* gathered = grow(ws.head_streams, n * row_floats);
+      for (int64_t i = 0; i < n; ++i) {
+        const Part& p = parts[i];
+        check_api(cudaMemcpyAsync(gathered + i * row_floats, ws.streams.data() + (p.row + p.count - 1) * row_floats,
+                                  row_floats * kF, cudaMemcpyDeviceToDevice, stream_),
+                  "cudaMemcpyAsync");
+      }
+      head_streams = gathered;
+    }
+  }
   float* h = grow(ws.head_in, n * D);
   float* head_scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, n));
-  hyper_head(hp, head_fn_.data(), head_base_.data(), head_scale_.data(), ws.streams.data() + first * hp.hc * D, n, h,
-             head_scratch, stream_);
+  hyper_head(hp, head_fn_.data(), head_base_.data(), head_scale_.data(), head_streams, n, h, head_scratch, stream_);
   top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
   grow(ws.logits, n * V);
   top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), n, stream_);
-  std::vector<float> logits = ws.logits.to_host(stream_);
+  const std::vector<float> logits = ws.logits.to_host(stream_);
   if (ws.timer) {
     ws.timer->mark("end", stream_);
     check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     ws.timer->collect(profile_);
   }
-  return logits;
+  std::vector<std::vector<float>> out;
+  int64_t row = 0;
+  for (const Part& p : parts) {
+    const int64_t rows = which == LogitRows::last ? 1 : p.count;
+    out.emplace_back(logits.begin() + row * V, logits.begin() + (row + rows) * V);
+    row += rows;
+  }
+  return out;
 }
 
 void GpuModel::set_profiling(bool on) {

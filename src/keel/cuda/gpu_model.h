@@ -4,9 +4,12 @@
 // compressed entries, indexer keys, open windows) in device memory. The CPU Model is
 // the reference it is tested against (tests/gpu/test_gpu_model.cpp).
 //
-// What is not here yet: tensor-core prefill (prefill runs the decode kernels per
-// token, so it reads the weights once per token), CUDA graphs, batching several
-// sequences into one call, and MTP.
+// Several sequences run as one batch: projections, experts, mHC and the head run over
+// the rows of every chunk at once (each weight read once per step), while keys,
+// compressors, indexer and attention run per sequence on its own state.
+//
+// What is not here yet: tensor-core GEMM for many rows, attention over several
+// sequences in one launch (needs the paged key pool), CUDA graphs, and MTP.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,6 +56,12 @@ struct DeviceSequence {
   uint64_t state_bytes() const;  // device bytes held
 };
 
+// One sequence's part of a batched forward call: `tokens` run after what it holds.
+struct DeviceChunk {
+  DeviceSequence* sequence = nullptr;
+  std::span<const int32_t> tokens;
+};
+
 // Expert parallelism (parallel/expert_parallel.h): which routed experts this model
 // holds, and how the partial MoE outputs of all holders are summed. Every rank runs the
 // same tokens through replicated attention; only the routed experts are split.
@@ -91,6 +100,11 @@ class GpuModel {
   // logits (copied to the host). Not safe to call from two threads at once.
   std::vector<float> forward(DeviceSequence& sequence, std::span<const int32_t> tokens,
                              LogitRows rows = LogitRows::all) const;
+  // Several sequences in one call (each at most once), returning each chunk's logits.
+  // Every chunk is checked before any state changes. The logits of a chunk are the
+  // same, bit for bit, as when it runs alone: every kernel computes a row the same way
+  // whatever the other rows are.
+  std::vector<std::vector<float>> forward(std::span<const DeviceChunk> batch, LogitRows rows = LogitRows::all) const;
 
   // Time per stage of the forward pass, summed over the calls since profiling was
   // turned on (CUDA events around each stage; off by default: they cost ~1 us each).

@@ -17,6 +17,12 @@ struct CpuSequence final : SequenceState {
 
 }  // namespace
 
+std::vector<std::vector<float>> Executor::forward_batch(std::span<const SequenceChunk> batch, LogitRows rows) const {
+  std::vector<std::vector<float>> logits;
+  for (const SequenceChunk& chunk : batch) logits.push_back(forward(*chunk.sequence, chunk.tokens, rows));
+  return logits;
+}
+
 std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {
   auto s = std::make_unique<CpuSequence>();
   s->sequence = model_.new_sequence();

@@ -22,6 +22,12 @@ class SequenceState {
   virtual uint64_t bytes() const = 0;   // state held (host or device memory)
 };
 
+// One sequence's part of a batched forward: `tokens` run after what it holds.
+struct SequenceChunk {
+  SequenceState* sequence = nullptr;
+  std::span<const int32_t> tokens;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -32,6 +38,11 @@ class Executor {
   // Not safe to call from two threads at once.
   virtual std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                                      LogitRows rows = LogitRows::all) const = 0;
+  // Several sequences' chunks in one call (each sequence at most once); returns each
+  // chunk's logits, the same as forward() on it alone. This one runs them one after
+  // another; the GPU executors run them as one batch, reading each weight once.
+  virtual std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
+                                                        LogitRows rows = LogitRows::all) const;
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
 

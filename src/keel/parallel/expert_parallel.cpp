@@ -105,12 +105,24 @@ ExpertParallelModel::Sequence ExpertParallelModel::new_sequence() const {
 }
 
 std::vector<float> ExpertParallelModel::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows rows) {
+  const Chunk chunk{&seq, tokens};
+  return std::move(forward(std::span(&chunk, 1), rows).front());
+}
+
+std::vector<std::vector<float>> ExpertParallelModel::forward(std::span<const Chunk> batch, LogitRows rows) {
   const int n = gpus();
-  std::vector<std::vector<float>> logits(n);
+  for (const Chunk& c : batch) {
+    if (!c.sequence || static_cast<int>(c.sequence->ranks.size()) != n) {
+      fail(ErrorCode::usage, {}, "a batched forward chunk needs a sequence from this model");
+    }
+  }
+  std::vector<std::vector<std::vector<float>>> logits(n);
   std::vector<std::exception_ptr> errors(n);
   const auto run = [&](int r) {
     try {
-      logits[r] = ranks_[r]->forward(seq.ranks[r], tokens, rows);
+      std::vector<cuda::DeviceChunk> chunks;
+      for (const Chunk& c : batch) chunks.push_back({&c.sequence->ranks[r], c.tokens});
+      logits[r] = ranks_[r]->forward(chunks, rows);
     } catch (...) {
       errors[r] = std::current_exception();
     }

@@ -34,6 +34,12 @@ class ExpertParallelModel {
 
   // As Model::forward; every rank runs the tokens, rank 0's logits are returned.
   std::vector<float> forward(Sequence& sequence, std::span<const int32_t> tokens, LogitRows rows = LogitRows::all);
+  // As GpuModel's batched forward, on every rank.
+  struct Chunk {
+    Sequence* sequence = nullptr;
+    std::span<const int32_t> tokens;
+  };
+  std::vector<std::vector<float>> forward(std::span<const Chunk> batch, LogitRows rows = LogitRows::all);
 
   int gpus() const { return static_cast<int>(ranks_.size()); }
   cuda::GpuModel& rank(int r) { return *ranks_[r]; }

@@ -313,16 +313,22 @@ bool Engine::step() {
     metrics_.batch_size.observe(static_cast<double>(work.size()));
     metrics_.step_tokens.observe(limits_.step_tokens - budget);
   }
-  for (auto& [a, n] : work) {
-    std::vector<float> logits;
-    try {
-      logits = executor_->forward(*a->sequence, std::span(a->tokens).subspan(a->done_tokens(), n), LogitRows::last);
-    } catch (const std::exception& e) {
-      finish(*a, Finish::error, e.what());
-      continue;
-    }
-    remember_prefix(*a);
-    if (a->done_tokens() == static_cast<int64_t>(a->tokens.size())) emit_token(*a, a->sampler.next(logits), logits);
+  // One batched forward for the whole step: every weight is read once for all requests.
+  std::vector<SequenceChunk> chunks;
+  for (auto& [a, n] : work) chunks.push_back({a->sequence.get(), std::span(a->tokens).subspan(a->done_tokens(), n)});
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = executor_->forward_batch(chunks, LogitRows::last);
+  } catch (const std::exception& e) {
+    // The step's sequences may be part-way through it: their requests end with the
+    // error; the other running requests go on.
+    for (auto& [a, n] : work) finish(*a, Finish::error, e.what());
+    work.clear();
+  }
+  for (size_t i = 0; i < work.size(); ++i) {
+    Active& a = *work[i].first;
+    remember_prefix(a);
+    if (a.done_tokens() == static_cast<int64_t>(a.tokens.size())) emit_token(a, a.sampler.next(logits[i]), logits[i]);
   }
 
   std::erase_if(running_, [](const auto& a) { return a->done; });
