@@ -49,6 +49,10 @@ class GpuExecutor final : public Executor {
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
+  std::optional<Memory> device_memory() const override {
+    const cuda::MemoryInfo m = cuda::memory_info(index_);
+    return Memory{m.free, m.total};
+  }
   void set_profiling(bool on) override { model_->set_profiling(on); }
   std::map<std::string, double> profile() const override { return model_->profile(); }
 
@@ -100,6 +104,14 @@ class ParallelExecutor final : public Executor {
     return fmt::format("{} GPUs, expert parallel ({})", model_->gpus(), cuda::devices().at(0).name);
   }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(0, bytes, 10); }
+  std::optional<Memory> device_memory() const override {
+    Memory least{~uint64_t{0}, 0};
+    for (int r = 0; r < model_->gpus(); ++r) {
+      const cuda::MemoryInfo m = cuda::memory_info(r);
+      if (m.free < least.free) least = {m.free, m.total};
+    }
+    return least;
+  }
   void reset_communication() override { model_->reset_communication_time(); }
   double communication_seconds() const override { return model_->communication_seconds(); }
   double all_reduce_floor(int64_t floats) override { return model_->all_reduce_seconds(floats, 50); }

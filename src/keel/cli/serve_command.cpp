@@ -22,6 +22,8 @@ struct ServeOptions {
   serve::ServerOptions server;
   serve::EngineLimits limits;
   uint64_t state_mb = 1024;
+  bool state_mb_given = false;
+  double memory_fraction = 0.9;
   uint64_t prefix_cache_mb = 256;
   double timeout_s = 600;
   bool quiet = false;
@@ -43,6 +45,25 @@ std::string default_model() {
   return here.string();
 }
 
+// Room the forward pass's intermediate buffers may take at the largest step.
+constexpr uint64_t kWorkspaceReserve = uint64_t{2} << 30;
+
+// On a GPU the running sequences' state may take `fraction` of the device's memory, less
+// what is in use now (weights and all) and room for the prefix cache and the workspace.
+uint64_t gpu_state_budget(const Executor::Memory& memory, double fraction, uint64_t prefix_cache_bytes) {
+  if (!(fraction > 0 && fraction <= 1)) fail(ErrorCode::usage, {.field = "--memory-fraction"}, "must be in (0, 1]");
+  const double allowed = fraction * static_cast<double>(memory.total) - static_cast<double>(memory.total - memory.free);
+  const double left = allowed - static_cast<double>(prefix_cache_bytes + kWorkspaceReserve);
+  if (left < double{1 << 20}) {
+    fail(ErrorCode::usage, {.field = "--memory-fraction"},
+         fmt::format("{} of the device's {:.0f} MiB leaves no room for sequence state: {:.0f} MiB are in use, the prefix "
+                     "cache takes {:.0f} MiB and the workspace {:.0f} MiB",
+                     fraction, memory.total / 1048576.0, (memory.total - memory.free) / 1048576.0,
+                     prefix_cache_bytes / 1048576.0, kWorkspaceReserve / 1048576.0));
+  }
+  return static_cast<uint64_t>(left);
+}
+
 void serve_main(ServeOptions& o) {
   if (o.model.empty()) o.model = default_model();
   if (!fs::exists(fs::path(o.model) / "tokenizer.json")) {
@@ -58,6 +79,15 @@ void serve_main(ServeOptions& o) {
   const Tokenizer tokenizer = Tokenizer::from_model_dir(o.model);
   const Loaded loaded = load_executor(o.model, o.quiet, o.kernels);
   const Model& model = *loaded.model;
+  if (const auto memory = loaded.executor->device_memory(); memory && !o.state_mb_given) {
+    o.limits.state_bytes = gpu_state_budget(*memory, o.memory_fraction, o.limits.prefix_cache_bytes);
+    if (!o.quiet) {
+      fmt::print("sequence-state budget {:.0f} MiB ({:.0f}% of {:.0f} MiB of device memory, less what is in use and "
+                 "the prefix cache and {} MiB of workspace)\n",
+                 o.limits.state_bytes / 1048576.0, 100 * o.memory_fraction, memory->total / 1048576.0,
+                 kWorkspaceReserve >> 20);
+    }
+  }
   auto engine = std::make_unique<serve::Engine>(model, *loaded.executor, tokenizer, o.limits);
   const serve::ServedModel served{.id = o.served_name, .model = model, .tokenizer = tokenizer};
   serve::HttpServer server(*engine, served, o.server);
@@ -71,7 +101,7 @@ void serve_main(ServeOptions& o) {
 }  // namespace
 
 void add_serve(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (CPU)");
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (CPU or GPUs)");
   auto o = std::make_shared<ServeOptions>();
   cmd->add_option("--model", o->model, "Model directory (default: the demo model, models/keel-tiny-v4)");
   cmd->add_option("--served-model-name", o->served_name, "The model's name in the API (default: the directory's name)");
@@ -83,7 +113,14 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--max-queued", o->limits.max_queued, "Waiting requests at most (503 past it)")->capture_default_str();
   cmd->add_option("--step-tokens", o->limits.step_tokens, "Tokens forwarded per engine step, all requests together")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->limits.prefill_chunk, "Prompt tokens one request forwards per step")->capture_default_str();
-  cmd->add_option("--state-mb", o->state_mb, "Sequence-state budget in MiB (past it the newest request is preempted)")->capture_default_str();
+  cmd->add_option("--state-mb", o->state_mb,
+                  "Sequence-state budget in MiB (past it the lowest-priority, newest request is preempted); on a GPU "
+                  "the default comes from --memory-fraction")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->state_mb_given = true; });
+  cmd->add_option("--memory-fraction", o->memory_fraction,
+                  "GPU: the share of device memory keel may use, weights included; sequence state gets what is left")
+      ->capture_default_str();
   cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "Prompt-prefix snapshots kept, MiB (0: no prefix cache)")
       ->capture_default_str();
   cmd->add_option("--prefix-block", o->limits.prefix_block, "Prompt prefixes are cached at multiples of this")

@@ -23,6 +23,13 @@ std::vector<DeviceInfo> devices() {
   return out;
 }
 
+MemoryInfo memory_info(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return {free, total};
+}
+
 double copy_bandwidth(int device, uint64_t bytes, int runs) {
   check(cudaSetDevice(device), "cudaSetDevice");
   void *a = nullptr, *b = nullptr;

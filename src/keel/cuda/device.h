@@ -18,6 +18,12 @@ struct DeviceInfo {
 // Empty when there is no driver or no GPU (never throws for that).
 std::vector<DeviceInfo> devices();
 
+// Free and total memory of `device` now (cudaMemGetInfo). Throws on a CUDA failure.
+struct MemoryInfo {
+  uint64_t free = 0, total = 0;
+};
+MemoryInfo memory_info(int device);
+
 // Device-to-device copy bandwidth of `device`, bytes read + written per second, best of
 // `runs` copies of `bytes` (the roofline a decode step's weight reads are held to).
 // Throws std::runtime_error on a CUDA failure.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ class Executor {
   // The bandwidth a decode step is held to on this device, bytes/s, measured now over a
   // buffer of `bytes`: CPU read bandwidth, GPU device-to-device copy bandwidth.
   virtual double measure_bandwidth(uint64_t bytes) const = 0;
+  // GPUs: the device memory now, after the weights (with several GPUs, the least free
+  // of any); nothing on the CPU, whose state budget is given in bytes.
+  struct Memory {
+    uint64_t free = 0, total = 0;
+  };
+  virtual std::optional<Memory> device_memory() const { return std::nullopt; }
   // Several GPUs: seconds spent in communication since the last reset (0 otherwise),
   // and the floor measured now: seconds of one all-reduce of `floats` values.
   virtual void reset_communication() {}
