@@ -1,7 +1,8 @@
 // The CUDA decode matrix kernel per stored format on DeepSeek-V4-Flash shapes, next to
 // the device copy bandwidth measured in the same run (cudaMemcpy device to device:
-// bytes read + bytes written per second), one row per case; then the lightning indexer
-// with its top-k for one decode token by actual context length.
+// bytes read + bytes written per second), one row per case; then FP8 and MXFP4 shapes
+// at 1, 8 and 64 tokens per call; then the lightning indexer with its top-k for one
+// decode token by actual context length.
 //
 //   keel_gpu_bench [--iters N]
 #include <cuda_runtime_api.h>
@@ -100,6 +101,37 @@ int main(int argc, char** argv) {
     keel::cuda::release(w);
     cudaFree(x);
     cudaFree(y);
+  }
+
+  // Several rows of x per call (batched decode of many sequences, prefill): the kernel
+  // reads and decodes each weight chunk once per tile of 8 tokens. GB/s counts the
+  // weight's bytes once per call, so it grows as more tokens share each read.
+  fmt::print("\n{:<28} {:>7} {:>10} {:>10} {:>12} {:>8}\n", "case (out x in, format)", "tokens", "us", "us/token",
+             "weight GB/s", "of copy");
+  const Case batched[] = {
+      {"wo_b fp8", 4096, 8192, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      {"wq_b fp8", 32768, 1024, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      {"expert w1 mxfp4", 2048, 4096, keel::WeightFormat::mxfp4, keel::DType::i8},
+  };
+  for (const Case& c : batched) {
+    const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
+    keel::cuda::DeviceWeight w = keel::cuda::upload(host.weight());
+    for (const int64_t tokens : {1, 8, 64}) {
+      const std::vector<float> xs = normal(size_t(tokens * c.in));
+      float *x = nullptr, *y = nullptr;
+      check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
+      check(cudaMalloc(reinterpret_cast<void**>(&y), tokens * c.out * sizeof(float)));
+      check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const double s = seconds([&] { keel::cuda::linear(w, x, y, tokens); }, iters);
+      check(cudaDeviceSynchronize());
+      const double bw = w.bytes / s;
+      fmt::print("{:<28} {:>7} {:>10.1f} {:>10.2f} {:>12.0f} {:>7.1f}%\n",
+                 fmt::format("{} ({}x{})", c.name, c.out, c.in), tokens, s * 1e6, s * 1e6 / tokens, bw / 1e9,
+                 100 * bw / copy_bw);
+      cudaFree(x);
+      cudaFree(y);
+    }
+    keel::cuda::release(w);
   }
 
   // Flash's indexer: 64 heads of 128, top 512 over CSA entries (one per 4 tokens). The

@@ -1,6 +1,7 @@
 // The CUDA matrix kernel against the CPU reference (ops/linear.h's linear_reference,
 // f64 sums over the quant/ dequantizers) for every stored format, on random weights
-// and inputs, at sizes that cross the row tiles and scale blocks, outputs poisoned.
+// and inputs, at sizes that cross the row tiles, token tiles and scale blocks, outputs
+// poisoned; and against itself: a token in a tile gives what it gives alone.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -56,9 +57,54 @@ TEST_P(CudaLinear, MatchesCpuReference) {
   }
 }
 
+// A call's tokens go through the weight in tiles, each weight chunk read and decoded
+// once per tile. Every token's output must match the CPU reference and be, bit for bit,
+// what a call with that token alone gives: a request's results do not depend on the
+// batch it runs in. Token counts below, at and past the tile of 8.
+TEST_P(CudaLinear, TokenTilesMatchOneTokenCalls) {
+  const WeightCase& c = GetParam();
+  // out: no multiple of a block's or a warp's rows, so the last warp has rows past the
+  // end; in: FP8 scale blocks crossed unevenly, fewer and more chunks than a warp's
+  // lanes (a partial last step); and but for FP4 (whose blocks hold 32 values), a width
+  // that is no whole number of 16-byte chunks (the any-width kernel, a token at a time).
+  std::vector<std::pair<int64_t, int64_t>> shapes{{261, 320}, {77, 1152}};
+  if (!is_fp4(c)) shapes.push_back({37, 26});
+  for (const auto& [out, in] : shapes) {
+    const OwnedWeight host(random_normal(out * in, 11), out, in, c.format, c.dtype, c.scales);
+    DeviceWeight w = upload(host.weight());
+    float* alone = device_poisoned(out);
+    for (const int64_t tokens : {1, 7, 8, 9, 17, 64}) {
+      const std::vector<float> x = random_normal(tokens * in, static_cast<uint32_t>(12 + tokens));
+      std::vector<float> want(tokens * out);
+      keel::linear_reference(host.weight(), keel::rows_of(std::span<const float>(x), in),
+                             keel::rows_of(std::span<float>(want), out));
+      float* dx = device_copy(x);
+      float* dy = device_poisoned(tokens * out);
+      linear(w, dx, dy, tokens);
+      const std::vector<float> got = host_copy(dy, tokens * out);
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-4f * (1.0f + std::fabs(want[i])))
+            << c.name << " " << out << "x" << in << " tokens " << tokens << " at " << i;
+      }
+      for (int64_t t = 0; t < tokens; ++t) {
+        ASSERT_EQ(cudaMemset(alone, 0xff, out * sizeof(float)), cudaSuccess);
+        linear(w, dx + t * in, alone, 1);
+        const std::vector<float> one = host_copy(alone, out);
+        ASSERT_EQ(std::memcmp(one.data(), got.data() + t * out, out * sizeof(float)), 0)
+            << c.name << " " << out << "x" << in << ": token " << t << " of " << tokens
+            << " differs from the same token alone";
+      }
+      cudaFree(dx);
+      cudaFree(dy);
+    }
+    cudaFree(alone);
+    release(w);
+  }
+}
+
 // Expert pairs read their expert from the device: each pair against the CPU reference of
-// its expert's matrix on its token's row; a negative expert and an expert without data
-// (another rank's) give zeros.
+// its expert's matrix on its token's row, and bit for bit against linear() on that row;
+// a negative expert and an expert without data (another rank's) give zeros.
 TEST_P(CudaLinear, PairsMatchCpuReference) {
   const WeightCase& c = GetParam();
   const bool fp4 = is_fp4(c);
@@ -94,6 +140,14 @@ TEST_P(CudaLinear, PairsMatchCpuReference) {
       for (int64_t o = 0; o < out; ++o) {
         ASSERT_NEAR(got[p * out + o], want[o], 2e-4f * (1.0f + std::fabs(want[o])))
             << c.name << " " << out << "x" << in << " pair " << p << " (expert " << experts[p] << ") row " << o;
+      }
+      if (experts[p] >= 0 && experts[p] != 1) {  // the same product as linear() gives the token alone
+        float* alone = device_poisoned(out);
+        linear(table[experts[p]], dx + (p / kPerRow) * in, alone, 1);
+        const std::vector<float> one = host_copy(alone, out);
+        ASSERT_EQ(std::memcmp(one.data(), got.data() + p * out, out * sizeof(float)), 0)
+            << c.name << " " << out << "x" << in << " pair " << p << " differs from linear()";
+        cudaFree(alone);
       }
     }
     table[1] = elsewhere;

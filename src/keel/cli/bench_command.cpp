@@ -3,6 +3,7 @@
 // once per token, so bandwidth is its roofline).
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <fmt/format.h>
 #include <numeric>
 #include <random>
@@ -21,6 +22,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 // Decodes `steps` tokens after `prompt` with the stage timer on; one row per stage, most
 // time first.
+void print_stages(const std::map<std::string, double>& stages, int steps, const std::string& title,
+                  const std::string& per);
+
 void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   runner.reset();
   auto logits = runner.forward(prompt, LogitRows::last);
@@ -31,6 +35,12 @@ void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   }
   const auto stages = runner.executor().profile();
   runner.executor().set_profiling(false);
+  print_stages(stages, steps, "decode time by stage", "token");
+}
+
+// One row per stage of `stages` (seconds over `steps` steps), most time first.
+void print_stages(const std::map<std::string, double>& stages, int steps, const std::string& title,
+                  const std::string& per) {
   if (stages.empty()) return;
   std::vector<std::pair<double, std::string>> rows;
   double total = 0;
@@ -39,9 +49,9 @@ void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
     total += s;
   }
   std::sort(rows.rbegin(), rows.rend());
-  fmt::print("decode time by stage ({} steps, all layers; CUDA events per stage):\n", steps);
+  fmt::print("{} ({} steps, all layers; CUDA events per stage):\n", title, steps);
   for (const auto& [s, stage] : rows) {
-    fmt::print("  {:<48} {:8.3f} ms/token {:5.1f}%\n", stage, s * 1e3 / steps, 100 * s / total);
+    fmt::print("  {:<48} {:8.3f} ms/{} {:5.1f}%\n", stage, s * 1e3 / steps, per, 100 * s / total);
   }
 }
 
@@ -54,7 +64,8 @@ struct BatchedDecode {
   double tokens_per_second() const { return batch / step_seconds; }
 };
 
-BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch, int prompt, int steps, int runs) {
+BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch, int prompt, int steps, int runs,
+                             bool profile) {
   if (batch < 1 || prompt < 1 || steps < 1) {
     fail(ErrorCode::usage, {.field = "--batch"}, "batch sizes, --batch-prompt and --decode must be positive");
   }
@@ -65,7 +76,8 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
     for (auto& id : p) id = static_cast<int32_t>(rng() % c.vocab_size);
   }
   BatchedDecode result{batch, prompt, steps, 1e30};
-  for (int r = 0; r < runs; ++r) {
+  for (int r = 0; r < runs + (profile ? 1 : 0); ++r) {
+    const bool profiled = r == runs;  // an extra run, not timed
     std::vector<std::unique_ptr<SequenceState>> sequences;
     std::vector<int32_t> next(batch);
     for (int first = 0; first < batch;) {
@@ -79,6 +91,7 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
       for (int i = 0; i < count; ++i) next[first + i] = argmax(logits[i]);
       first += count;
     }
+    executor.set_profiling(profiled);
     const auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < steps; ++step) {
       std::vector<SequenceChunk> chunks;
@@ -86,7 +99,12 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
       const auto logits = executor.forward_batch(chunks, LogitRows::last);
       for (int i = 0; i < batch; ++i) next[i] = argmax(logits[i]);
     }
-    result.step_seconds = std::min(result.step_seconds, seconds_since(start) / steps);
+    if (profiled) {
+      print_stages(executor.profile(), steps, fmt::format("batch of {}: decode step time by stage", batch), "step");
+      executor.set_profiling(false);
+    } else {
+      result.step_seconds = std::min(result.step_seconds, seconds_since(start) / steps);
+    }
   }
   return result;
 }
@@ -148,7 +166,7 @@ void add_bench(CLI::App& app) {
     }
     std::vector<BatchedDecode> batched;
     for (int b : o->batches) {
-      batched.push_back(batched_decode(runner.executor(), c, b, o->batch_prompt, o->decode, o->runs));
+      batched.push_back(batched_decode(runner.executor(), c, b, o->batch_prompt, o->decode, o->runs, o->profile));
     }
     const double bandwidth = runner.executor().measure_bandwidth(o->bandwidth_mib << 20);
     // Several GPUs: one all-reduce of [1, hidden] per MoE layer per decode step.

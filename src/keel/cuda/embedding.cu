@@ -44,20 +44,8 @@ void embed(const DeviceWeight& table, const int32_t* tokens, int64_t count, int 
   if (count <= 0) return;
   if (count > 0x7fffffff) throw std::runtime_error("cuda::embed: too many tokens (" + std::to_string(count) + ")");
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const auto& w = table;
-  switch (w.format) {
-    case WeightFormat::f32:
-    case WeightFormat::bf16:
-      if (w.dtype == DType::f32) return launch<WeightFormat::f32, DType::f32>(w, tokens, count, copies, out, stream);
-      if (w.dtype == DType::bf16) return launch<WeightFormat::bf16, DType::bf16>(w, tokens, count, copies, out, stream);
-      if (w.dtype == DType::f16) return launch<WeightFormat::bf16, DType::f16>(w, tokens, count, copies, out, stream);
-      break;
-    case WeightFormat::fp8_block:
-      return launch<WeightFormat::fp8_block, DType::f8_e4m3>(w, tokens, count, copies, out, stream);
-    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4, DType::i8>(w, tokens, count, copies, out, stream);
-    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4, DType::u8>(w, tokens, count, copies, out, stream);
-  }
-  throw std::runtime_error("cuda::embed: no kernel for this table dtype");
+  dispatch(table, "cuda::embed",
+           [&]<WeightFormat F, DType T>() { launch<F, T>(table, tokens, count, copies, out, stream); });
 }
 
 void register_embedding(Registry& registry) {

@@ -31,6 +31,9 @@ DeviceWeight upload(const Weight& w);  // throws std::runtime_error on CUDA fail
 void release(DeviceWeight& w);
 
 // y[t, o] = Σ_k x[t, k] · W[o, k]. Asynchronous on `stream` (0: the default stream).
+// The weight is read once per tile of up to 8 tokens. Each token's row of y is bit for
+// bit what a call with that token alone gives, whatever the other tokens (and it is
+// what linear_pairs gives the token with that weight).
 void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream = nullptr);
 
 // Routed experts without a host round trip: for each pair p < pairs (a token and one

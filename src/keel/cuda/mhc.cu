@@ -51,51 +51,42 @@ __global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // The slices' partial sums of rows 0..rows (mix_dots' output for token t) into d, one
-// row per thread of the calling group, each in slice order.
+// row per thread of the calling group, each in slice order. A row's loads are issued
+// kSliceBatch at a time: one after another they would cost an L2 round trip each. The
+// batch past the last slice is padded with +0, which leaves the sum (never −0) as it is.
+constexpr int kSliceBatch = 16;
 __device__ void sum_slices(const float* __restrict__ dots, int64_t t, int rows, int64_t width, float* d) {
   const int64_t slices = mix_slices(width);
   for (int m = threadIdx.x; m <= rows; m += blockDim.x) {
     const float* part = dots + (t * (rows + 1) + m) * slices;
     float sum = 0.0f;
-    for (int64_t c = 0; c < slices; ++c) sum += part[c];
+    for (int64_t c = 0; c < slices; c += kSliceBatch) {
+      float v[kSliceBatch];
+#pragma unroll
+      for (int k = 0; k < kSliceBatch; ++k) v[k] = c + k < slices ? part[c + k] : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kSliceBatch; ++k) sum += v[k];
+    }
     d[m] = sum;
   }
   __syncthreads();
 }
 
-// Step 2, one warp per token: the lanes add up the slices, then lane 0 runs the CPU's
-// hyper_mix after the projection, in its order.
-__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
-                           const float* __restrict__ scale, int hc, int64_t width, int iters, float hc_eps,
-                           float norm_eps, float* __restrict__ pre, float* __restrict__ post,
-                           float* __restrict__ comb) {
-  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
-  const int64_t t = blockIdx.x;
-  const int rows = (2 + hc) * hc;
-  sum_slices(dots, t, rows, width, d);
-  if (threadIdx.x != 0) return;
-  const float r = rms_factor(d[rows], width, norm_eps);
-  for (int j = 0; j < hc; ++j) {
-    pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
-    post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
-  }
-  float c[kMaxHyperStreams * kMaxHyperStreams];
-  const int n = hc;
-  for (int i = 0; i < n * n; ++i) c[i] = d[2 * hc + i] * r * scale[2] + base[2 * hc + i];
-  // Sinkhorn as ops/hyper.cpp: row softmax + eps, a column pass, then (row, column)
-  // passes; eps in every denominator.
+// ops/hyper.cpp's sinkhorn on one thread, for any n ≤ kMaxHyperStreams: the matrix is
+// indexed at run time, so it lives in local memory (slow, but only for hc other than 4).
+__device__ void sinkhorn_serial(float* c, int n, int iters, float eps) {
   for (int i = 0; i < n; ++i) {
     float top = c[i * n];
     for (int j = 1; j < n; ++j) top = fmaxf(top, c[i * n + j]);
     float sum = 0.0f;
     for (int j = 0; j < n; ++j) sum += c[i * n + j] = expf(c[i * n + j] - top);
-    for (int j = 0; j < n; ++j) c[i * n + j] = c[i * n + j] / sum + hc_eps;
+    for (int j = 0; j < n; ++j) c[i * n + j] = c[i * n + j] / sum + eps;
   }
   const auto columns = [&] {
     for (int j = 0; j < n; ++j) {
       float sum = 0.0f;
       for (int i = 0; i < n; ++i) sum += c[i * n + j];
-      for (int i = 0; i < n; ++i) c[i * n + j] /= sum + hc_eps;
+      for (int i = 0; i < n; ++i) c[i * n + j] /= sum + eps;
     }
   };
   columns();
@@ -103,11 +94,78 @@ __global__ void mix_finish(const float* __restrict__ dots, const float* __restri
     for (int i = 0; i < n; ++i) {
       float sum = 0.0f;
       for (int j = 0; j < n; ++j) sum += c[i * n + j];
-      for (int j = 0; j < n; ++j) c[i * n + j] /= sum + hc_eps;
+      for (int j = 0; j < n; ++j) c[i * n + j] /= sum + eps;
     }
     columns();
   }
-  for (int i = 0; i < n * n; ++i) comb[t * n * n + i] = c[i];
+}
+
+// The same Sinkhorn with one entry per lane: each group of N·N lanes holds a matrix,
+// lane e entry (e / N, e % N) in a register. A row or column sum gathers its N entries
+// by shuffles and adds them in the CPU's order, so every step rounds as ops/hyper.cpp
+// does; a pass costs N shuffles and one division per lane instead of N·N divisions in
+// series on one lane.
+template <int N>
+__device__ float sinkhorn_entry(float c, int e, int iters, float eps) {
+  static_assert(kWarp % (N * N) == 0, "a warp holds whole matrices");
+  const int i = e / N, j = e % N;
+  const auto at = [](float v, int entry) { return __shfl_sync(0xffffffffu, v, entry, N * N); };
+  const auto row_sum = [&](float v) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum += at(v, i * N + k);
+    return sum;
+  };
+  const auto column_sum = [&](float v) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) sum += at(v, k * N + j);
+    return sum;
+  };
+  float top = at(c, i * N);
+#pragma unroll
+  for (int k = 1; k < N; ++k) top = fmaxf(top, at(c, i * N + k));
+  c = expf(c - top);
+  c = c / row_sum(c) + eps;
+  c /= column_sum(c) + eps;
+  for (int it = 1; it < iters; ++it) {
+    c /= row_sum(c) + eps;
+    c /= column_sum(c) + eps;
+  }
+  return c;
+}
+
+// Step 2, one warp per token: the lanes add up the slices, then form the CPU's
+// hyper_mix after the projection, in its order: pre and post one lane per stream, the
+// Sinkhorn of comb with HC > 0 one lane per entry (HC² ≤ 32) and with HC == 0 (any hc,
+// passed at run time) on lane 0.
+template <int HC>
+__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
+                           const float* __restrict__ scale, int hc_arg, int64_t width, int iters, float hc_eps,
+                           float norm_eps, float* __restrict__ pre, float* __restrict__ post,
+                           float* __restrict__ comb) {
+  const int hc = HC > 0 ? HC : hc_arg;
+  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
+  const int64_t t = blockIdx.x;
+  const int rows = (2 + hc) * hc, lane = threadIdx.x;
+  sum_slices(dots, t, rows, width, d);
+  const float r = rms_factor(d[rows], width, norm_eps);
+  if (const int j = lane; j < hc) {
+    pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
+    post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
+  }
+  const auto logit = [&](int e) { return d[2 * hc + e] * r * scale[2] + base[2 * hc + e]; };
+  if constexpr (HC > 0) {
+    // Lanes past the first HC² work on a copy of the same matrix, unstored.
+    const int e = static_cast<int>(threadIdx.x % (HC * HC));
+    const float c = sinkhorn_entry<HC>(logit(e), e, iters, hc_eps);
+    if (lane < HC * HC) comb[t * HC * HC + lane] = c;
+  } else if (lane == 0) {
+    float c[kMaxHyperStreams * kMaxHyperStreams];
+    for (int e = 0; e < hc * hc; ++e) c[e] = logit(e);
+    sinkhorn_serial(c, hc, iters, hc_eps);
+    for (int e = 0; e < hc * hc; ++e) comb[t * hc * hc + e] = c[e];
+  }
 }
 
 // Σ_j pre[j] · s[j · dim], in the CPU's order.
@@ -192,9 +250,10 @@ void hyper_mix(const HyperParams& p, const float* fn, const float* base, const f
                   static_cast<unsigned>(tokens));
   mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, rows, p.hc * p.dim, scratch);
   check(cudaGetLastError(), "hyper_mix launch");
-  mix_finish<<<static_cast<unsigned>(tokens), kWarp, 0, stream>>>(scratch, base, scale, p.hc, p.hc * p.dim,
-                                                                  p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre, post,
-                                                                  comb);
+  // hc 4 is every DeepSeek-V4; other hc (small test models) take the serial Sinkhorn.
+  const auto finish = p.hc == 4 ? mix_finish<4> : mix_finish<0>;
+  finish<<<static_cast<unsigned>(tokens), kWarp, 0, stream>>>(scratch, base, scale, p.hc, p.hc * p.dim,
+                                                             p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre, post, comb);
   check(cudaGetLastError(), "hyper_mix launch");
 }
 
@@ -243,7 +302,7 @@ void register_mhc(Registry& registry) {
                .archs = ArchSet::gpus_from(Arch::sm_80),
                .activations = {Activation::f32},
                .priority = 1,
-               .summary = "per-token mix (warp per fn row, thread per token Sinkhorn), collapse, expand"};
+               .summary = "per-token mix (warp per fn row slice, lane per entry Sinkhorn at hc 4), collapse, expand"};
   registry.add(std::move(k.with_entry(&hyper_mix)));
 }
 

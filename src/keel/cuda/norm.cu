@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -10,10 +12,11 @@
 namespace keel::cuda {
 namespace {
 
-constexpr int kMaxWarps = 8;
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWarps = kMaxThreads / kWarp;
 
-// Sum of `v` over the block (blockDim.x a multiple of 32, at most 256); every thread
-// gets the total. `shared` holds kMaxWarps floats.
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most kMaxThreads); every
+// thread gets the total. `shared` holds kMaxWarps floats.
 __device__ float block_sum(float v, float* shared) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
@@ -24,33 +27,117 @@ __device__ float block_sum(float v, float* shared) {
   return total;
 }
 
-// As ops/norm.cpp's rms_factor: 1 / sqrt(Σx² / n + eps), f32, IEEE sqrt and division.
-template <bool Weighted>
-__global__ void rms_rows(const float* x, const float* __restrict__ weight, float eps, float* out, int64_t dim) {
-  __shared__ float shared[kMaxWarps];
-  const float* xr = x + int64_t{blockIdx.x} * dim;
-  float* yr = out + int64_t{blockIdx.x} * dim;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += xr[i] * xr[i];
-  const float r = 1.0f / sqrtf(block_sum(sum, shared) / static_cast<float>(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    if constexpr (Weighted) {
-      yr[i] = weight[i] * (xr[i] * r);
-    } else {
-      yr[i] = xr[i] * r;
-    }
+// Width consecutive floats of a row: float4 loads when Width is 4 (the caller checks
+// 16-byte alignment), single floats when 1.
+template <int Width>
+struct Chunk {
+  float v[Width];
+};
+
+template <int Width>
+__device__ Chunk<Width> load(const float* p, int64_t i) {
+  if constexpr (Width == 4) {
+    const float4 q = reinterpret_cast<const float4*>(p)[i];
+    return {{q.x, q.y, q.z, q.w}};
+  } else {
+    return {{p[i]}};
   }
 }
 
-int threads_for(int64_t dim) { return dim >= 2048 ? 256 : dim >= 256 ? 128 : kWarp; }
+template <int Width>
+__device__ void store(float* p, int64_t i, const Chunk<Width>& c) {
+  if constexpr (Width == 4) {
+    reinterpret_cast<float4*>(p)[i] = make_float4(c.v[0], c.v[1], c.v[2], c.v[3]);
+  } else {
+    p[i] = c.v[0];
+  }
+}
+
+template <int Width>
+__device__ float add_squares(float sum, const Chunk<Width>& c) {
+#pragma unroll
+  for (int k = 0; k < Width; ++k) sum += c.v[k] * c.v[k];
+  return sum;
+}
+
+template <bool Weighted, int Width>
+__device__ Chunk<Width> scaled(Chunk<Width> x, const Chunk<Width>& w, float r) {
+#pragma unroll
+  for (int k = 0; k < Width; ++k) {
+    if constexpr (Weighted) {
+      x.v[k] = w.v[k] * (x.v[k] * r);
+    } else {
+      x.v[k] *= r;
+    }
+  }
+  return x;
+}
+
+// A thread's first kHeld chunks of x and weight stay in registers between the sum of
+// squares and the output, so rows up to kHeld · blockDim.x chunks are read once and the
+// weight's loads overlap the reduction. Longer rows read the rest again.
+constexpr int kHeld = 2;
+
+// One block per row; thread k takes chunks k, k + blockDim.x, ... and sums their squares
+// in that order. blockDim.x depends on dim only (threads_for), so a row's result is the
+// same whatever else is in the call. As ops/norm.cpp's rms_factor: 1 / sqrt(Σx² / n +
+// eps), f32, IEEE sqrt and division.
+template <bool Weighted, int Width>
+__global__ void __launch_bounds__(kMaxThreads)
+    rms_rows(const float* x, const float* __restrict__ weight, float eps, float* out, int64_t dim) {
+  __shared__ float shared[kMaxWarps];
+  const float* xr = x + int64_t{blockIdx.x} * dim;
+  float* yr = out + int64_t{blockIdx.x} * dim;
+  const int64_t chunks = dim / Width, stride = blockDim.x;
+  Chunk<Width> xs[kHeld], ws[kHeld];
+  float sum = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    if (const int64_t i = threadIdx.x + h * stride; i < chunks) {
+      xs[h] = load<Width>(xr, i);
+      if constexpr (Weighted) ws[h] = load<Width>(weight, i);
+      sum = add_squares(sum, xs[h]);
+    }
+  }
+  for (int64_t i = threadIdx.x + kHeld * stride; i < chunks; i += stride) sum = add_squares(sum, load<Width>(xr, i));
+  const float r = 1.0f / sqrtf(block_sum(sum, shared) / static_cast<float>(dim) + eps);
+  // Every read of x above precedes the barrier in block_sum, and each thread writes only
+  // what it read, so out may alias x.
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    if (const int64_t i = threadIdx.x + h * stride; i < chunks) store(yr, i, scaled<Weighted>(xs[h], ws[h], r));
+  }
+  for (int64_t i = threadIdx.x + kHeld * stride; i < chunks; i += stride) {
+    Chunk<Width> w{};
+    if constexpr (Weighted) w = load<Width>(weight, i);
+    store(yr, i, scaled<Weighted>(load<Width>(xr, i), w, r));
+  }
+}
+
+// Threads per row, from dim alone (see rms_rows): kHeld chunks each, a multiple of the
+// warp, at most kMaxThreads. A 4096 row is 512 threads issuing two float4 loads of x and
+// two of weight at once: as many loads in flight as 1024 threads of one chunk, with half
+// the warps to reduce.
+int threads_for(int64_t chunks) {
+  const int64_t threads = (chunks + kHeld - 1) / kHeld;
+  return static_cast<int>(std::min<int64_t>(kMaxThreads, (threads + kWarp - 1) / kWarp * kWarp));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <bool Weighted>
 void launch(const float* x, const float* weight, float eps, float* out, int64_t rows, int64_t dim, void* stream) {
   if (rows <= 0) return;
   if (dim <= 0) throw std::runtime_error("cuda::rms_norm: dim must be positive");
   if (rows > 0x7fffffff) throw std::runtime_error("cuda::rms_norm: too many rows (" + std::to_string(rows) + ")");
-  rms_rows<Weighted><<<static_cast<unsigned>(rows), threads_for(dim), 0, static_cast<cudaStream_t>(stream)>>>(
-      x, weight, eps, out, dim);
+  const auto s = static_cast<cudaStream_t>(stream);
+  // float4 chunks when every row starts 16-byte aligned; a row's offset r · dim keeps its
+  // base's alignment then, so a row alone takes the same path as in a batch.
+  if (dim % 4 == 0 && aligned16(x) && aligned16(out) && (!Weighted || aligned16(weight))) {
+    rms_rows<Weighted, 4><<<static_cast<unsigned>(rows), threads_for(dim / 4), 0, s>>>(x, weight, eps, out, dim);
+  } else {
+    rms_rows<Weighted, 1><<<static_cast<unsigned>(rows), threads_for(dim), 0, s>>>(x, weight, eps, out, dim);
+  }
   check(cudaGetLastError(), "rms_norm launch");
 }
 
@@ -70,7 +157,7 @@ void register_norm(Registry& registry) {
                .archs = ArchSet::gpus_from(Arch::sm_80),
                .activations = {Activation::f32},
                .priority = 1,
-               .summary = "RMSNorm over many rows, one block per row, warp-shuffle reduction"};
+               .summary = "RMSNorm, one block of up to 1024 threads per row, float4 loads, warp-shuffle reduction"};
   registry.add(std::move(k.with_entry(&rms_norm)));
 }
 

@@ -1,5 +1,6 @@
 // Device decoders of the codes a DeviceWeight stores, shared by the kernels that read
-// weights (linear.cu, embedding.cu). They place the code's bits in an f32 and rebias, as
+// weights (linear.cu, embedding.cu), and the host switch from a weight's format to the
+// kernel instance for it. The decoders place the code's bits in an f32 and rebias, as
 // ops/linear.cpp does, so they agree with the CPU's decoding bit for bit (convert.cuh's
 // hardware conversions differ only on NaN codes, which weights never hold). For .cu
 // files only.
@@ -8,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/convert.cuh"
 #include "cuda/linear.h"
@@ -49,6 +52,25 @@ __device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t row
     if constexpr (F == WeightFormat::mxfp4) return code * ue8m0(w.scale[n / 32]);
     return code * (e4m3(w.scale[n / 16]) * w.global_scale);  // the CPU's block scale, then the code
   }
+}
+
+// Calls fn.template operator()<F, T>() for the weight's format and stored dtype (f32,
+// bf16 or f16 for a float weight); throws std::runtime_error, naming `who`, for any
+// other combination.
+template <typename Fn>
+void dispatch(const DeviceWeight& w, const char* who, Fn&& fn) {
+  switch (w.format) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16:
+      if (w.dtype == DType::f32) return fn.template operator()<WeightFormat::f32, DType::f32>();
+      if (w.dtype == DType::bf16) return fn.template operator()<WeightFormat::bf16, DType::bf16>();
+      if (w.dtype == DType::f16) return fn.template operator()<WeightFormat::bf16, DType::f16>();
+      break;
+    case WeightFormat::fp8_block: return fn.template operator()<WeightFormat::fp8_block, DType::f8_e4m3>();
+    case WeightFormat::mxfp4: return fn.template operator()<WeightFormat::mxfp4, DType::i8>();
+    case WeightFormat::nvfp4: return fn.template operator()<WeightFormat::nvfp4, DType::u8>();
+  }
+  throw std::runtime_error(std::string(who) + ": no kernel for this weight dtype");
 }
 
 }  // namespace keel::cuda
