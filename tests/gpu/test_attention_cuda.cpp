@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -74,6 +75,25 @@ void check_case(const Case& c, uint32_t seed) {
     ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i])))
         << "heads " << H << " head_dim " << hd << " sequence " << i / (size_t(H) * hd) << " head "
         << i / hd % H << " channel " << i % hd;
+  }
+  // Each sequence alone, reading a key buffer of its own through kv_rows: the same bits
+  // as in the call with all of them (a list is split by its own length only).
+  const size_t per_sequence = size_t(H) * hd;
+  for (int b = 0; b < sequences; ++b) {
+    const std::vector<const float*> own{device_copy(kv)};
+    const float* const* drows = device_copy(own);
+    float* alone = device_poisoned(per_sequence);
+    const int64_t alone_scratch = attend_decode_scratch(1, H, hd, c.keys[b]);
+    float* dalone_scratch = alone_scratch ? device_poisoned(alone_scratch) : nullptr;
+    attend_decode(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone,
+                  dalone_scratch, c.keys[b], drows);
+    const std::vector<float> one = host_copy(alone, per_sequence);
+    EXPECT_EQ(std::memcmp(one.data(), got.data() + b * per_sequence, per_sequence * sizeof(float)), 0)
+        << "sequence " << b << " alone differs from the batched call";
+    cudaFree(const_cast<float*>(own[0]));
+    cudaFree(const_cast<const float**>(drows));
+    cudaFree(alone);
+    cudaFree(dalone_scratch);
   }
   for (void* p : {static_cast<void*>(dq), static_cast<void*>(dkv), static_cast<void*>(dsinks),
                   static_cast<void*>(dindex), static_cast<void*>(doffsets), static_cast<void*>(dout),

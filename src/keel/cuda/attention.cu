@@ -16,7 +16,16 @@ constexpr int kHeadsPerBlock = 4;  // one warp per head; the heads share each ke
 constexpr int kTile = 8;           // keys staged in shared memory per step
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;
 
-// Block (head group, sequence, split): each warp keeps its head's query slice, running
+// Splits of one query's key list (flash-decoding): one per kKeysPerSplit keys, at most
+// kMaxSplits. A function of the list's length only, never of the other queries in the
+// call, so a query's result is the same alone and in a batch.
+constexpr int kKeysPerSplit = 32;
+constexpr int kMaxSplits = 16;
+__host__ __device__ constexpr int splits_of(int keys) {
+  return keys <= kKeysPerSplit ? 1 : min(kMaxSplits, (keys + kKeysPerSplit - 1) / kKeysPerSplit);
+}
+
+// Block (head group, sequence, split), kv_rows[b] (if given) the sequence's key buffer: each warp keeps its head's query slice, running
 // max m, denominator l and weighted key sum in registers (lane holds channels
 // lane + 32·i) and folds in its split's keys one tile at a time (online softmax). The
 // sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
@@ -25,9 +34,13 @@ constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;
 __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
-           const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial) {
+           const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
+           const float* const* __restrict__ kv_rows) {
   __shared__ float tile[kTile * kMaxAttentionHeadDim];
   const int b = blockIdx.y;
+  const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
+  if (split >= splits) return;  // a shorter list than the call's longest
+  if (kv_rows) kv = kv_rows[b];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int h = blockIdx.x * kHeadsPerBlock + warp;
   const bool active = h < heads;  // inactive warps still help stage tiles
@@ -40,10 +53,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     qh[i] = d < head_dim ? qrow[d] : 0.0f;
     acc[i] = 0.0f;
   }
-  const int split = blockIdx.z, splits = gridDim.z;
   float m = split == 0 ? (active ? sinks[h] : 0.0f) : -INFINITY, l = split == 0 ? 1.0f : 0.0f;
 
-  const int all = key_offsets[b + 1] - key_offsets[b], per_split = (all + splits - 1) / splits;
+  const int per_split = (all + splits - 1) / splits;
   const int first = key_offsets[b] + min(all, split * per_split);
   const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
   for (int base = 0; base < count; base += kTile) {
@@ -101,8 +113,8 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     }
     return;
   }
-  // partial[(b, h, split)] = m, l, then head_dim sums.
-  float* prow = partial + ((int64_t{b} * heads + h) * splits + split) * (head_dim + 2);
+  // partial[(b, h, split)] = m, l, then head_dim sums; rows of gridDim.z splits each.
+  float* prow = partial + ((int64_t{b} * heads + h) * gridDim.z + split) * (head_dim + 2);
   if (lane == 0) prow[0] = m, prow[1] = l;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -111,12 +123,14 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   }
 }
 
-// One block per (sequence, head): the splits' softmax pieces rescaled to their common
-// max and added, in split order.
-__global__ void combine(const float* __restrict__ partial, int heads, int head_dim, int splits,
-                        float* __restrict__ out) {
-  const int64_t bh = blockIdx.x;
-  const float* p = partial + bh * splits * (head_dim + 2);
+// One block per (sequence, head) of a sequence whose keys were split: the splits'
+// softmax pieces rescaled to their common max and added, in split order.
+__global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
+                        int head_dim, int stride, float* __restrict__ out) {
+  const int64_t bh = blockIdx.x, b = bh / heads;
+  const int splits = splits_of(key_offsets[b + 1] - key_offsets[b]);
+  if (splits == 1) return;  // written by the decode kernel
+  const float* p = partial + bh * stride * (head_dim + 2);
   float top = -INFINITY;
   for (int s = 0; s < splits; ++s) top = fmaxf(top, p[s * (head_dim + 2)]);
   float l = 0.0f;
@@ -128,40 +142,31 @@ __global__ void combine(const float* __restrict__ partial, int heads, int head_d
   }
 }
 
-// Splits of the keys so a call fills the GPU: about two blocks per SM, at least 32 keys
-// per split, at most kMaxSplits.
-constexpr int kMaxSplits = 32;
-int splits_for(int sequences, int heads, int max_keys) {
-  const int groups = (heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
-  const int wanted = std::max(1, 264 / std::max(1, groups * sequences));
-  return std::clamp(std::min(wanted, (max_keys + 31) / 32), 1, kMaxSplits);
-}
-
 }  // namespace
 
 int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys) {
-  const int splits = splits_for(sequences, heads, max_keys);
+  const int splits = splits_of(max_keys);
   return splits == 1 ? 0 : int64_t{sequences} * heads * splits * (head_dim + 2);
 }
 
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, float* scratch, int max_keys, void* stream) {
+                   float* out, float* scratch, int max_keys, const float* const* kv_rows, void* stream) {
   if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
     throw std::runtime_error("cuda::attend_decode: head_dim " + std::to_string(head_dim) + " is not in 1.." +
                              std::to_string(kMaxAttentionHeadDim));
   }
   if (sequences <= 0 || heads <= 0) return;
   if (sequences > 65535) throw std::runtime_error("cuda::attend_decode: more than 65535 sequences");
-  const int splits = splits_for(sequences, heads, max_keys);
+  const int splits = splits_of(max_keys);
   if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_decode: no scratch for split keys");
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
   decode<<<grid, kHeadsPerBlock * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch);
+      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch, kv_rows);
   check(cudaGetLastError(), "attend_decode launch");
   if (splits > 1) {
     combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, static_cast<cudaStream_t>(stream)>>>(
-        scratch, heads, head_dim, splits, out);
+        scratch, key_offsets, heads, head_dim, splits, out);
     check(cudaGetLastError(), "attend_decode combine launch");
   }
 }

@@ -1,12 +1,23 @@
 #include "cuda/check.cuh"
 #include "cuda/forward_ops.h"
 
+#include <stdexcept>
+
 namespace keel::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+constexpr int64_t kCopyChunk = 4096;  // floats per block of copy_batch
+
+// Block (job, chunk of kCopyChunk floats).
+__global__ void copy_kernel(const CopyJob* jobs) {
+  const CopyJob job = jobs[blockIdx.x];
+  const int64_t first = int64_t{blockIdx.y} * kCopyChunk, end = min(job.count, first + kCopyChunk);
+  for (int64_t i = first + threadIdx.x; i < end; i += kThreads) job.dst[i] = job.src[i];
+}
 
 __global__ void scale_kernel(float* x, int64_t count, float factor) {
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
@@ -40,6 +51,15 @@ __global__ void slots_kernel(const float* kv, const float* gate, const float* ap
 }
 
 }  // namespace
+
+void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream) {
+  if (n <= 0 || longest <= 0) return;
+  const int64_t chunks = (longest + kCopyChunk - 1) / kCopyChunk;
+  if (n > 0x7fffffff || chunks > 65535) throw std::runtime_error("cuda::copy_batch: too many jobs or floats");
+  copy_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(chunks)), kThreads, 0,
+                static_cast<cudaStream_t>(stream)>>>(jobs);
+  check(cudaGetLastError(), "copy_batch launch");
+}
 
 void scale(float* x, int64_t count, float factor, void* stream) {
   if (count <= 0) return;

@@ -7,6 +7,19 @@
 
 namespace keel::cuda {
 
+// One copy of a batched copy: `count` floats from src to dst (device memory).
+struct CopyJob {
+  float* dst;
+  const float* src;
+  int64_t count;
+};
+
+// Every job of `jobs` (device memory, `n` of them; none overlapping another's dst), in
+// one launch: the many small row copies of a batched step (each sequence's new keys
+// into its own buffers), where a cudaMemcpy each would cost a launch each.
+// `longest` bounds every job's count.
+void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream = nullptr);
+
 // x[i] *= factor for i < count.
 void scale(float* x, int64_t count, float factor, void* stream = nullptr);
 

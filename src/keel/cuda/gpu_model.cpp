@@ -222,7 +222,9 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
   DeviceBuffer<float> logits;
-  DeviceBuffer<int32_t> route_experts, hashed;
+  DeviceBuffer<int32_t> route_experts, hashed, index_bases;
+  DeviceBuffer<const float*> key_rows, index_key_rows;
+  DeviceBuffer<CopyJob> copy_jobs;
 };
 
 namespace {
@@ -271,21 +273,34 @@ struct Part {
 };
 
 constexpr size_t kF = sizeof(float);
+constexpr int64_t kAttentionScratch = int64_t{256} << 20;  // bytes of split-key partial sums at most
+
+// Runs `jobs` in one launch, then clears them.
+void copy_jobs(const Step& s, std::vector<CopyJob>& jobs) {
+  if (jobs.empty()) return;
+  int64_t longest = 0;
+  for (const CopyJob& j : jobs) longest = std::max(longest, j.count);
+  s.ws.stage.upload(s.ws.copy_jobs, std::span<const CopyJob>(jobs), s.stream);
+  copy_batch(s.ws.copy_jobs.data(), static_cast<int64_t>(jobs.size()), longest, s.stream);
+  jobs.clear();
+}
 
 // --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
 
 // One sequence's `n` token projections kv, gate ([n, width]) join its compressor: the
 // windows they close become entries in `entries` (row 0 = entry 0, rows of dim); the
 // rest stays pending.
+// Copies that need no ordering among themselves (rows into each sequence's own buffers)
+// are gathered into `jobs` and run later in one launch.
 void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& st, const float* kv, const float* gate,
-              int64_t n, float* entries) {
+              int64_t n, float* entries, std::vector<CopyJob>& jobs) {
   const int m = w.ratio, dim = w.dim;
   const int64_t width = w.width(), row_bytes = width * kF;
   st.pending_kv.resize(m * width);
   st.pending_gate.resize(m * width);
   if (st.pending + n < m) {  // no window closes (most decode steps): the rows join the open one
-    s.copy(st.pending_kv.data() + st.pending * width, kv, n * row_bytes);
-    s.copy(st.pending_gate.data() + st.pending * width, gate, n * row_bytes);
+    jobs.push_back({st.pending_kv.data() + st.pending * width, kv, n * width});
+    jobs.push_back({st.pending_gate.data() + st.pending * width, gate, n * width});
     st.pending += static_cast<int>(n);
     return;
   }
@@ -432,64 +447,80 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     index_q = iq;
     index_w = iw;
   }
+  std::vector<CopyJob> jobs;
   for (const Part& part : parts) {  // this chunk's keys and entries into each sequence's state
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t n = part.count;
     const int ratio = L.compressor ? L.compressor->ratio : 1;
     reserve_keys(s, st, n, L.compressor ? st.compressor.count + (st.compressor.pending + n) / ratio : 0);
-    s.copy(st.keys.data() + sw * hd, kv + part.row * hd, n * hd * kF);
+    jobs.push_back({st.keys.data() + sw * hd, kv + part.row * hd, n * hd});
     if (L.compressor) {
       const int64_t width = L.compressor->width();
       compress(s, *L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n,
-               st.keys.data() + (sw + st.chunk_rows) * hd);
+               st.keys.data() + (sw + st.chunk_rows) * hd, jobs);
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
       st.index_keys.resize((st.indexer.count + (st.indexer.pending + n) / ic.ratio) * ic.dim);
       compress(s, ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n,
-               st.index_keys.data());
+               st.index_keys.data(), jobs);
     }
   }
+  copy_jobs(s, jobs);
 
   s.mark("attention: key lists, indexer top-k");
+  // Every row's key list indexes its own sequence's buffers: the kernels get a pointer
+  // per row, so one launch covers all the sequences.
   const KeyLists keys = key_lists(s, L, layer, parts);
   ws.stage.upload(ws.key_index, std::span<const int32_t>(keys.index), s.stream);
   ws.stage.upload(ws.key_offsets, std::span<const int32_t>(keys.offsets), s.stream);
-  int64_t score_room = 1, scratch_room = 1;
+  std::vector<const float*> key_rows, index_key_rows;
+  std::vector<int32_t> index_bases;
+  int64_t max_visible = 0;
+  int longest = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (L.index_compressor) score_room = std::max(score_room, parts[i].count * keys.max_visible[i]);
-    scratch_room = std::max(scratch_room, attend_decode_scratch(static_cast<int>(parts[i].count), static_cast<int>(H),
-                                                                static_cast<int>(hd), keys.longest[i]));
+    const DeviceLayerState& st = parts[i].sequence->layers[layer];
+    key_rows.insert(key_rows.end(), parts[i].count, st.keys.data());
+    if (L.index_compressor) {
+      index_key_rows.insert(index_key_rows.end(), parts[i].count, st.index_keys.data());
+      index_bases.insert(index_bases.end(), parts[i].count, static_cast<int32_t>(sw + st.chunk_rows));
+      max_visible = std::max(max_visible, keys.max_visible[i]);
+    }
+    longest = std::max(longest, keys.longest[i]);
   }
-  float* scores = grow(ws.index_scores, score_room);
-  float* scratch = grow(ws.attention_scratch, scratch_room);
+  ws.stage.upload(ws.key_rows, std::span<const float* const>(key_rows), s.stream);
   if (L.index_compressor) {
     ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
     ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const Part& part = parts[i];
-      const DeviceLayerState& st = part.sequence->layers[layer];
-      s.k.index(index_q + part.row * c.index_n_heads * c.index_head_dim, index_w + part.row * c.index_n_heads,
-                part.count, c.index_n_heads, c.index_head_dim, st.index_keys.data(),
-                ws.index_visible.data() + part.row, keys.max_visible[i], c.index_topk,
-                static_cast<int32_t>(sw + st.chunk_rows), ws.index_offsets.data() + part.row, ws.key_index.data(),
-                scores, s.stream);
-    }
+    ws.stage.upload(ws.index_key_rows, std::span<const float* const>(index_key_rows), s.stream);
+    ws.stage.upload(ws.index_bases, std::span<const int32_t>(index_bases), s.stream);
+    float* scores = grow(ws.index_scores, std::max<int64_t>(1, S * max_visible));
+    s.k.index(index_q, index_w, S, c.index_n_heads, c.index_head_dim, nullptr, ws.index_visible.data(), max_visible,
+              c.index_topk, 0, ws.index_offsets.data(), ws.key_index.data(), scores, ws.index_key_rows.data(),
+              ws.index_bases.data(), s.stream);
   }
   s.mark("attention: attend, inverse rope");
   float* o = grow(ws.o, S * H * hd);
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const Part& part = parts[i];
+  const bool decode = std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.count == 1; });
+  const auto attend = decode ? s.k.attend_decode : s.k.attend_prefill;
+  // Rows in groups whose split-key scratch stays within kAttentionScratch.
+  const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
+  const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, S);
+  float* scratch = grow(ws.attention_scratch, group * per_row);
+  for (int64_t r = 0; r < S; r += group) {
+    const int64_t n = std::min(group, S - r);
+    attend(q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
+           ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
+           o + r * H * hd, scratch, longest, ws.key_rows.data() + r, s.stream);
+  }
+  for (const Part& part : parts) {  // then the ring keeps the newest keys
     DeviceLayerState& st = part.sequence->layers[layer];
-    const auto attend = part.count == 1 ? s.k.attend_decode : s.k.attend_prefill;
-    attend(q + part.row * H * hd, static_cast<int>(part.count), static_cast<int>(H), static_cast<int>(hd),
-           st.keys.data(), ws.key_index.data(), ws.key_offsets.data() + part.row, L.sinks.data(),
-           1.0f / std::sqrt(static_cast<float>(hd)), o + part.row * H * hd, scratch, keys.longest[i], s.stream);
     const int64_t end = part.start + part.count;
-    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {  // the ring keeps the newest
-      s.copy(st.keys.data() + (p % sw) * hd, kv + (part.row + p - part.start) * hd, hd * kF);
+    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
+      jobs.push_back({st.keys.data() + (p % sw) * hd, kv + (part.row + p - part.start) * hd, hd});
     }
   }
+  copy_jobs(s, jobs);
   cuda::rope(s.rope, o, S, static_cast<int>(H), static_cast<int>(hd), positions, /*inverse=*/true, s.stream);
 
   s.mark("attention: output projections");

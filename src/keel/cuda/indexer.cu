@@ -32,7 +32,7 @@ static_assert(kHeadGroups * 4 == kHeadTile && kKeyTile == kHeadTile, "one stagin
 __global__ void __launch_bounds__(kScoreThreads)
     score_keys(const float* __restrict__ q, const float* __restrict__ weights, int heads, int key_dim,
                const float* __restrict__ keys, const int32_t* __restrict__ visible, int64_t max_visible, int k,
-               float scale, float* __restrict__ scores) {
+               float scale, float* __restrict__ scores, const float* const* __restrict__ key_rows) {
   __shared__ __align__(16) float qs[kDimChunk][kRow];
   __shared__ __align__(16) float ks[kDimChunk][kRow];
   __shared__ float partial[kHeadGroups][kKeyTile];
@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int64_t n = min(int64_t{visible[t]}, max_visible);
   const int64_t w0 = int64_t{blockIdx.y} * kKeyTile;
   if (n <= k || w0 >= n) return;
+  if (key_rows) keys = key_rows[t];
   const int tx = threadIdx.x % kKeyGroups, ty = threadIdx.x / kKeyGroups;
   const float* qt = q + t * heads * key_dim;
 
@@ -141,13 +142,15 @@ __device__ uint32_t exclusive_scan(uint32_t value, uint32_t* warp_sums, uint32_t
 // gives each its slot, so the indices come out ascending.
 __global__ void __launch_bounds__(kSelectThreads)
     select_top(const float* __restrict__ scores, int64_t max_visible, const int32_t* __restrict__ visible, int k,
-               int32_t index_base, const int32_t* __restrict__ out_offsets, int32_t* __restrict__ out) {
+               int32_t index_base, const int32_t* __restrict__ out_offsets, int32_t* __restrict__ out,
+               const int32_t* __restrict__ base_rows) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t warp_sums[kSelectWarps];
   __shared__ uint32_t chosen_digit, chosen_ties;
   const int64_t t = blockIdx.x;
   const int n = static_cast<int>(min(int64_t{visible[t]}, max_visible));
   int32_t* dst = out + out_offsets[t];
+  if (base_rows) index_base = base_rows[t];
   if (n <= k) {  // every visible entry (none when n ≤ 0), no scores needed
     for (int i = threadIdx.x; i < n; i += kSelectThreads) dst[i] = index_base + i;
     return;
@@ -244,7 +247,8 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void indexer_select(const float* q, const float* weights, int64_t tokens, int heads, int key_dim,
                     const float* keys, const int32_t* visible, int64_t max_visible, int k, int32_t index_base,
-                    const int32_t* out_offsets, int32_t* out, float* scores, void* stream) {
+                    const int32_t* out_offsets, int32_t* out, float* scores, const float* const* key_rows,
+                    const int32_t* base_rows, void* stream) {
   if (heads <= 0 || key_dim <= 0) {
     throw std::runtime_error("cuda::indexer_select: heads " + std::to_string(heads) + " and key_dim " +
                              std::to_string(key_dim) + " must be positive");
@@ -260,11 +264,11 @@ void indexer_select(const float* q, const float* weights, int64_t tokens, int he
   const float scale = 1.0f / std::sqrt(static_cast<float>(key_dim));  // as the CPU rounds it
   if (tiles > 0) {
     score_keys<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(tiles)), kScoreThreads, 0, s>>>(
-        q, weights, heads, key_dim, keys, visible, max_visible, k, scale, scores);
+        q, weights, heads, key_dim, keys, visible, max_visible, k, scale, scores, key_rows);
     check(cudaGetLastError(), "indexer_select score launch");
   }
   select_top<<<static_cast<unsigned>(tokens), kSelectThreads, 0, s>>>(scores, max_visible, visible, k, index_base,
-                                                                       out_offsets, out);
+                                                                       out_offsets, out, base_rows);
   check(cudaGetLastError(), "indexer_select top-k launch");
 }
 
