@@ -116,7 +116,8 @@ void add_bench(CLI::App& app) {
   struct Options {
     std::string model;
     int prompt = 256, decode = 64, runs = 3, batch_prompt = 32;
-    std::vector<int> batches;
+    std::vector<int> batches, prefill_lengths;
+    int prefill_chunk = 4096;
     uint64_t bandwidth_mib = 2048;
     bool json = false, profile = false;
     KernelOptions kernels;
@@ -131,6 +132,11 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--batch", o->batches,
                   "Also decode this many sequences at once (comma-separated sizes), each step one batched call")
       ->delimiter(',');
+  cmd->add_option("--prefill-lengths", o->prefill_lengths,
+                  "Also prefill prompts of these lengths (comma-separated), in calls of --prefill-chunk tokens")
+      ->delimiter(',');
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Tokens per call in the --prefill-lengths runs")
+      ->capture_default_str();
   cmd->add_option("--batch-prompt", o->batch_prompt, "Prompt tokens of each sequence in the batched runs")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
@@ -168,6 +174,27 @@ void add_bench(CLI::App& app) {
     for (int b : o->batches) {
       batched.push_back(batched_decode(runner.executor(), c, b, o->batch_prompt, o->decode, o->runs, o->profile));
     }
+    std::vector<std::pair<int, double>> prefills;  // (length, seconds)
+    for (int length : o->prefill_lengths) {
+      if (length < 1 || o->prefill_chunk < 1) {
+        fail(ErrorCode::usage, {.field = "--prefill-lengths"}, "prefill lengths and --prefill-chunk must be positive");
+      }
+      std::vector<int32_t> long_prompt(length);
+      for (auto& id : long_prompt) id = static_cast<int32_t>(rng() % c.vocab_size);
+      double best = 1e30;
+      for (int r = 0; r < o->runs; ++r) {
+        runner.reset();
+        const auto start = std::chrono::steady_clock::now();
+        for (int done = 0; done < length; done += o->prefill_chunk) {
+          runner.forward(std::span(long_prompt).subspan(done, std::min(o->prefill_chunk, length - done)),
+                         LogitRows::last);
+        }
+        best = std::min(best, seconds_since(start));
+      }
+      prefills.emplace_back(length, best);
+    }
+    const double tensor = prefills.empty() ? 0 : runner.executor().measure_tensor_throughput();
+    const double flops_per_token = 2.0 * static_cast<double>(model.linear_macs_per_token());
     const double bandwidth = runner.executor().measure_bandwidth(o->bandwidth_mib << 20);
     // Several GPUs: one all-reduce of [1, hidden] per MoE layer per decode step.
     const double comm_per_step = decode_comm_s / o->decode;
@@ -176,7 +203,12 @@ void add_bench(CLI::App& app) {
     const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
     if (o->json) {
-      std::string batched_json;
+      std::string batched_json, prefill_json;
+      for (const auto& [length, seconds] : prefills) {
+        prefill_json += fmt::format("{}{{\"tokens\": {}, \"tok_s\": {:.2f}, \"linear_tflops\": {:.3f}}}",
+                                    prefill_json.empty() ? "" : ", ", length, length / seconds,
+                                    length / seconds * flops_per_token / 1e12);
+      }
       for (const BatchedDecode& b : batched) {
         batched_json += fmt::format("{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}}}",
                                     batched_json.empty() ? "" : ", ", b.batch, b.prompt, b.tokens_per_second(),
@@ -186,9 +218,9 @@ void add_bench(CLI::App& app) {
           "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
           "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
           "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
-          "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}]}}\n",
+          "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}], \"prefill\": [{}]}}\n",
           runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
-          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json);
+          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json, prefill_json);
       return;
     }
     fmt::print("device                  {}\n", runner.executor().device());
@@ -200,6 +232,15 @@ void add_bench(CLI::App& app) {
     fmt::print("memory bandwidth        {:.2f} GB/s (measured now, {} MiB buffer; GPU: copy, read + write)\n",
                bandwidth / 1e9, o->bandwidth_mib);
     fmt::print("share of bandwidth      {:.1f}%\n", 100.0 * achieved / bandwidth);
+    for (const auto& [length, seconds] : prefills) {
+      const double tflops = length / seconds * flops_per_token / 1e12;
+      const std::string share =
+          tensor > 0 ? fmt::format(" = {:.1f}% of {:.1f} TFLOP/s bf16 mma.sync measured now",
+                                   100 * tflops * 1e12 / tensor, tensor / 1e12)
+                     : "";
+      fmt::print("prefill {:>6} tokens    {:.1f} tok/s; linear layers {:.1f} TFLOP/s{}\n", length, length / seconds,
+                 tflops, share);
+    }
     for (const BatchedDecode& b : batched) {
       fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts)\n", b.batch,
                  b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt);

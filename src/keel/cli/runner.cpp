@@ -49,6 +49,7 @@ class GpuExecutor final : public Executor {
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
+  double measure_tensor_throughput() const override { return cuda::mma_bf16_throughput(index_, 5); }
   std::optional<Memory> device_memory() const override {
     const cuda::MemoryInfo m = cuda::memory_info(index_);
     return Memory{m.free, m.total};
@@ -104,6 +105,7 @@ class ParallelExecutor final : public Executor {
     return fmt::format("{} GPUs, expert parallel ({})", model_->gpus(), cuda::devices().at(0).name);
   }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(0, bytes, 10); }
+  double measure_tensor_throughput() const override { return cuda::mma_bf16_throughput(0, 5); }
   std::optional<Memory> device_memory() const override {
     Memory least{~uint64_t{0}, 0};
     for (int r = 0; r < model_->gpus(); ++r) {

@@ -24,6 +24,11 @@ struct MemoryInfo {
 };
 MemoryInfo memory_info(int device);
 
+// Dense bf16 tensor-core throughput of `device` with the mma.sync instruction keel's
+// GEMM kernels use (m16n8k16, f32 accumulate), FLOP/s, best of `runs`: the roofline for
+// prefill. (Hopper's wgmma peaks higher; this is what mma.sync code can reach.)
+double mma_bf16_throughput(int device, int runs);
+
 // Device-to-device copy bandwidth of `device`, bytes read + written per second, best of
 // `runs` copies of `bytes` (the roofline a decode step's weight reads are held to).
 // Throws std::runtime_error on a CUDA failure.

@@ -50,6 +50,8 @@ class Executor {
   // The bandwidth a decode step is held to on this device, bytes/s, measured now over a
   // buffer of `bytes`: CPU read bandwidth, GPU device-to-device copy bandwidth.
   virtual double measure_bandwidth(uint64_t bytes) const = 0;
+  // Dense bf16 tensor throughput measured now, FLOP/s (GPUs; 0 where there is none).
+  virtual double measure_tensor_throughput() const { return 0; }
   // GPUs: the device memory now, after the weights (with several GPUs, the least free
   // of any); nothing on the CPU, whose state budget is given in bytes.
   struct Memory {

@@ -86,4 +86,20 @@ uint64_t Model::decode_bytes_per_token() const {
   return bytes;
 }
 
+uint64_t Model::linear_macs_per_token() const {
+  const ModelConfig& c = config_;
+  const auto macs = [](const Weight& w) { return static_cast<uint64_t>(w.spec->shape[0] * w.spec->shape[1]); };
+  uint64_t total = macs(*tensors_.head);
+  for (const TensorSpec& spec : weights_->specs()) {
+    if (spec.layer < 0 || spec.layer >= c.num_hidden_layers || spec.role != TensorRole::linear) continue;
+    if (spec.name.find(".experts.") != std::string::npos) continue;  // counted below
+    total += static_cast<uint64_t>(spec.shape[0] * spec.shape[1]);
+  }
+  for (const LayerWeights& l : tensors_.layers) {
+    const ExpertWeights& e = l.ffn.experts.front();
+    total += c.num_experts_per_tok * (macs(*e.w1) + macs(*e.w2) + macs(*e.w3));
+  }
+  return total;
+}
+
 }  // namespace keel

@@ -62,6 +62,8 @@ class Model {
   // Weight bytes one decode step reads: every dense linear, k routed experts per MoE
   // layer, one embedding row and the lm_head (for bandwidth figures).
   uint64_t decode_bytes_per_token() const;
+  // Multiply-adds of the same weights for one token (2 FLOPs each; prefill throughput).
+  uint64_t linear_macs_per_token() const;
 
  private:
   Model() = default;
