@@ -262,7 +262,9 @@ TEST(ServeEngine, QueueAdmitsByPriority) {
   };
   const auto prompt = prompt_of(kPrompts[0]);
   Outcome running, low, high, normal;
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .ignore_eos = true}, named(running, "running")));
+  // The running request outranks every waiting one, so none preempts it.
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .ignore_eos = true, .priority = -5},
+                            named(running, "running")));
   while (running.token_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = 5}, named(low, "low")));
   ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true}, named(normal, "normal")));
@@ -270,6 +272,32 @@ TEST(ServeEngine, QueueAdmitsByPriority) {
   for (Outcome* o : {&running, &low, &high, &normal}) o->wait();
   EXPECT_EQ(finished, (std::vector<std::string>{"running", "high", "normal", "low"}));
   EXPECT_EQ(low.tokens, high.tokens);  // priority changes when, not what
+}
+
+// With no room left, a waiting request of higher priority preempts the running one of
+// lower priority, which later finishes with exactly the tokens it would have made alone.
+TEST(ServeEngine, HighPriorityPreemptsARunningLowerOne) {
+  Engine engine(*demo().model, demo().tokenizer, {.max_running = 1});
+  std::mutex mutex;
+  std::vector<std::string> finished;
+  const auto named = [&](Outcome& out, std::string name) {
+    return [&out, &mutex, &finished, name, inner = out.sink()](GenerationEvent&& ev) mutable {
+      if (ev.finish != Finish::none) {
+        std::lock_guard lock(mutex);
+        finished.push_back(name);
+      }
+      inner(std::move(ev));
+    };
+  };
+  const auto prompt = prompt_of(kPrompts[0]);
+  Outcome low, high;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 40, .ignore_eos = true, .priority = 2}, named(low, "low")));
+  while (low.token_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -1}, named(high, "high")));
+  for (Outcome* o : {&low, &high}) o->wait();
+  EXPECT_EQ(finished, (std::vector<std::string>{"high", "low"}));
+  EXPECT_GE(engine.stats().preemptions, 1u);
+  EXPECT_EQ(low.tokens, reference(prompt, 40, {}, /*ignore_eos=*/true));
 }
 
 TEST(ServeEngine, StopStringEndsTheTextBeforeIt) {

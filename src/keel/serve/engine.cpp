@@ -149,7 +149,10 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, Sink si
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
-  return {.queued = queue_.size(), .running = running_count_.load(), .state_bytes = state_bytes_.load()};
+  return {.queued = queue_.size(),
+          .running = running_count_.load(),
+          .state_bytes = state_bytes_.load(),
+          .preemptions = metrics_.preemptions.load()};
 }
 
 void Engine::finish(Active& a, Finish why, std::string error) {
@@ -242,6 +245,24 @@ void Engine::remember_prefix(const Active& a) {
   if (prefix_cache_.wants(prefix)) prefix_cache_.insert(prefix, executor_->clone(*a.sequence));
 }
 
+// The running request to preempt first: the lowest priority (largest value), the newest
+// among equals.
+template <typename Requests>
+auto lowest_priority(Requests& running) {
+  return std::max_element(running.begin(), running.end(), [](const auto& x, const auto& y) {
+    return std::pair(x->request.priority, x->order) < std::pair(y->request.priority, y->order);
+  });
+}
+
+// Drops a running request's state and queues it again, first of its priority (the
+// caller holds mutex_). It is recomputed from its prompt and the tokens it generated.
+void Engine::preempt(std::unique_ptr<Active> a) {
+  a->need_bytes = a->sequence->bytes();
+  a->sequence.reset();
+  metrics_.preemptions++;
+  enqueue(std::move(a), true);
+}
+
 // The queue is ordered by priority; within one priority, arrivals go last and preempted
 // requests first (they already waited).
 void Engine::enqueue(std::unique_ptr<Active> a, bool first_of_priority) {
@@ -268,9 +289,21 @@ bool Engine::step() {
       }
     }
     uint64_t bytes = state_bytes_.load();
-    while (!queue_.empty() && running_.size() < static_cast<size_t>(limits_.max_running)) {
+    while (!queue_.empty()) {
       Active& a = *queue_.front();
-      if (!running_.empty() && bytes + a.need_bytes > limits_.state_bytes) break;
+      const bool room = running_.size() < static_cast<size_t>(limits_.max_running) &&
+                        (running_.empty() || bytes + a.need_bytes <= limits_.state_bytes);
+      if (!room) {
+        // No room: a waiting request of higher priority (a smaller value) than the lowest
+        // running one takes its place; the preempted one is recomputed later, exactly.
+        const auto lowest = lowest_priority(running_);
+        if (lowest == running_.end() || (*lowest)->request.priority <= a.request.priority) break;
+        std::unique_ptr<Active> out = std::move(*lowest);
+        running_.erase(lowest);
+        bytes -= std::min(bytes, out->sequence->bytes());
+        preempt(std::move(out));
+        continue;
+      }
       bytes += a.need_bytes;
       if (a.order == 0) metrics_.prompt_tokens += a.request.prompt.size();
       a.order = ++next_order_;
@@ -337,18 +370,12 @@ bool Engine::step() {
   uint64_t bytes = 0;
   for (const auto& a : running_) bytes += a->sequence->bytes();
   while (bytes > limits_.state_bytes && running_.size() > 1) {
-    // The lowest priority (largest value), the newest among equals.
-    auto newest = std::max_element(running_.begin(), running_.end(), [](const auto& x, const auto& y) {
-      return std::pair(x->request.priority, x->order) < std::pair(y->request.priority, y->order);
-    });
-    std::unique_ptr<Active> a = std::move(*newest);
-    running_.erase(newest);
-    a->need_bytes = a->sequence->bytes();
-    bytes -= a->need_bytes;
-    a->sequence.reset();
-    metrics_.preemptions++;
+    const auto lowest = lowest_priority(running_);
+    std::unique_ptr<Active> a = std::move(*lowest);
+    running_.erase(lowest);
+    bytes -= a->sequence->bytes();
     std::lock_guard lock(mutex_);
-    enqueue(std::move(a), true);
+    preempt(std::move(a));
   }
   if (bytes > limits_.state_bytes && running_.size() == 1) {
     finish(*running_.front(), Finish::error,

@@ -109,6 +109,7 @@ class RequestHandle {
 struct EngineStats {
   size_t queued = 0, running = 0;
   uint64_t state_bytes = 0;
+  uint64_t preemptions = 0;  // since the start
 };
 
 class Engine {
@@ -136,6 +137,7 @@ class Engine {
   struct Active;
   void start();  // checks the limits, starts the thread
   void enqueue(std::unique_ptr<Active> a, bool first_of_priority);  // mutex_ held
+  void preempt(std::unique_ptr<Active> a);  // mutex_ held
   std::unique_ptr<SequenceState> resume(std::span<const int32_t> prompt);
   void remember_prefix(const Active& a);
   void loop();
