@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/check.cuh"
 
@@ -34,6 +36,39 @@ __global__ void combine(const float* __restrict__ y, const float* __restrict__ w
   }
 }
 
+constexpr int kGroupThreads = 1024;
+
+// One block: counts per expert (bucket n_experts for negative ids), their exclusive
+// sums, each pair placed at its expert's cursor, then the groups of at most `tile`.
+__global__ void group_kernel(const int32_t* __restrict__ experts, int64_t pairs, int n_experts, int tile,
+                             int32_t* __restrict__ order, PairGroup* __restrict__ groups,
+                             int32_t* __restrict__ group_count) {
+  extern __shared__ int32_t shared[];
+  const int buckets = n_experts + 1;
+  int32_t* count = shared;             // [buckets]
+  int32_t* cursor = shared + buckets;  // [buckets]: first slot, then the next free one
+  for (int e = threadIdx.x; e < buckets; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  const auto bucket = [&](int64_t p) { return experts[p] < 0 ? n_experts : experts[p]; };
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[bucket(p)], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {  // a few hundred buckets: a serial scan is cheap
+    int32_t at = 0, made = 0;
+    for (int e = 0; e < buckets; ++e) {
+      cursor[e] = at;
+      for (int32_t first = 0; first < count[e]; first += tile) {
+        groups[made++] = {e == n_experts ? -1 : e, at + first, min(tile, count[e] - first)};
+      }
+      at += count[e];
+    }
+    *group_count = made;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    order[atomicAdd(&cursor[bucket(p)], 1)] = static_cast<int32_t>(p);
+  }
+}
+
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks)); }
 
 }  // namespace
@@ -50,6 +85,18 @@ void combine_pairs(const float* y, const float* weights, int64_t tokens, int k, 
   combine<<<blocks_for(tokens * dim), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(y, weights, tokens, k, dim,
                                                                                        shared, out);
   check(cudaGetLastError(), "combine_pairs launch");
+}
+
+void group_pairs(const int32_t* experts, int64_t pairs, int n_experts, int tile, int32_t* order, PairGroup* groups,
+                 int32_t* group_count, void* stream) {
+  if (n_experts < 1 || n_experts > kMaxGroupedExperts || tile < 1 || pairs < 0 || pairs > 0x7fffffff) {
+    throw std::runtime_error("cuda::group_pairs: experts in 1.." + std::to_string(kMaxGroupedExperts) +
+                             ", a positive tile and fewer than 2^31 pairs");
+  }
+  const size_t shared = 2 * static_cast<size_t>(n_experts + 1) * sizeof(int32_t);
+  group_kernel<<<1, kGroupThreads, shared, static_cast<cudaStream_t>(stream)>>>(experts, pairs, n_experts, tile,
+                                                                                order, groups, group_count);
+  check(cudaGetLastError(), "group_pairs launch");
 }
 
 }  // namespace keel::cuda

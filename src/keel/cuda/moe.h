@@ -19,4 +19,21 @@ void clamped_swiglu(float* gate, const float* up, int64_t count, float limit, vo
 void combine_pairs(const float* y, const float* weights, int64_t tokens, int k, int64_t dim, const float* shared,
                    float* out, void* stream = nullptr);
 
+// The (token, routed expert) pairs grouped by expert, so a grouped GEMM reads each
+// expert's weights once for all its pairs: `order` gets the pair indices, expert by
+// expert (negative ids last, as expert -1); `groups` gets one PairGroup per run of at
+// most `tile` pairs of one expert in `order`, and `group_count` how many there are (at
+// most pairs). The order within an expert is not fixed (atomics): a grouped GEMM must
+// compute each pair's row independently of the pairs beside it. Device memory,
+// asynchronous on `stream`; `experts` ids are below n_experts (or negative).
+struct PairGroup {
+  int32_t expert;  // -1: pairs routed nowhere (their rows are zeros)
+  int32_t first;   // into order
+  int32_t count;   // 1..tile
+};
+void group_pairs(const int32_t* experts, int64_t pairs, int n_experts, int tile, int32_t* order, PairGroup* groups,
+                 int32_t* group_count, void* stream = nullptr);
+// The most experts group_pairs takes (its counts live in one block's shared memory).
+constexpr int kMaxGroupedExperts = 4096;
+
 }  // namespace keel::cuda
