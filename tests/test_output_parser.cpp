@@ -145,6 +145,15 @@ TEST(OutputParser, OneToolCall) {
                                           R"({"city": "Paris", "days": 3})"}}});
 }
 
+// tool_choice: the prompt already opened the block (and the named call); the parser
+// takes that opening as the output's first bytes, then the model's text.
+TEST(OutputParser, ForcedOpeningIsParsedFirst) {
+  const std::string named = BLOCK + "<｜DSML｜invoke name=\"get_weather\">\n";
+  check_all_splits(param("city", true, "Paris") + "</｜DSML｜invoke>\n" + END_BLOCK + EOS,
+                   {.tool_calls = {{"call_0", "get_weather", R"({"city": "Paris"})"}}}, {.forced = named});
+  check_all_splits(invoke("f", "") + END_BLOCK, {.tool_calls = {{"call_0", "f", "{}"}}}, {.forced = BLOCK});
+}
+
 TEST(OutputParser, ToolCallsAfterReasoningWithValueKinds) {
   const std::string text =
       "Need data.</think>" + BLOCK +

@@ -133,6 +133,48 @@ test('tool call round trip is accepted and encoded', async () => {
   );
 });
 
+test('tool_choice required and named force a tool call', async () => {
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  // A named function: the reply opens with its call, whatever the (tiny) model writes next.
+  const named = await client.chat.completions.create({
+    model: MODEL, messages: ask, tools: [weatherTool], max_tokens: 12, seed: 1,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  });
+  const calls = named.choices[0].message.tool_calls;
+  assert.ok(Array.isArray(calls) && calls.length >= 1);
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.equal(calls[0].type, 'function');
+  // Streamed, the first tool-call delta carries the id and the name.
+  const stream = await client.chat.completions.create({
+    model: MODEL, messages: ask, tools: [weatherTool], max_tokens: 12, seed: 1, stream: true,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  });
+  let firstCall = null;
+  for await (const chunk of stream) {
+    const tc = chunk.choices[0]?.delta?.tool_calls;
+    if (tc && !firstCall) firstCall = tc[0];
+  }
+  assert.equal(firstCall.function.name, 'get_weather');
+  assert.ok(firstCall.id);
+  // required: the prompt ends inside an opened tool-call block, a longer prompt than auto.
+  const required = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: 'required', max_tokens: 4, seed: 1 });
+  const auto = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: 'auto', max_tokens: 4, seed: 1 });
+  assert.ok(required.usage.prompt_tokens > auto.usage.prompt_tokens);
+  // Errors: an unknown function, no tools, thinking on.
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], max_tokens: 4, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+    (e) => e.status === 400 && e.param === 'tool_choice',
+  );
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: ask, max_tokens: 4, tool_choice: 'required' }),
+    (e) => e.status === 400 && e.param === 'tool_choice',
+  );
+  await assert.rejects(
+    client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], max_tokens: 4, tool_choice: 'required', thinking: { type: 'enabled' } }),
+    (e) => e.status === 400 && e.param === 'tool_choice',
+  );
+});
+
 test('reasoning: thinking on gives reasoning_content', async () => {
   const on = await chat({ seed: 5, thinking: true, max_tokens: 16 });
   assert.equal(typeof on.choices[0].message.reasoning_content, 'string');

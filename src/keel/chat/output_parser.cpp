@@ -177,7 +177,12 @@ OutputParserOptions parser_options_for_prompt(std::string_view prompt) {
   return {.thinking = prompt.ends_with(kThinkStart)};
 }
 
-OutputParser::OutputParser(OutputParserOptions options) : options_(std::move(options)) {}
+OutputParser::OutputParser(OutputParserOptions options) : options_(std::move(options)) {
+  if (!options_.forced.empty()) {
+    pending_ = options_.forced;
+    run(false);  // its delta waits in out_ for the first feed()
+  }
+}
 
 Delta OutputParser::feed(std::string_view piece) {
   if (state_ == State::failed) {

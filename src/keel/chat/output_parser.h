@@ -42,6 +42,10 @@ namespace keel {
 struct OutputParserOptions {
   bool thinking = false;             // the prompt ended with <think>: output opens in reasoning
   std::string id_prefix = "call_";   // tool call i gets the id id_prefix + i
+  // Text the turn starts with that the prompt already holds (a forced tool-call opening,
+  // for tool_choice): parsed as the output's first bytes, its delta returned by the first
+  // feed(). Error offsets count it.
+  std::string forced;
 };
 
 // Options matching a prompt from encode_messages: thinking when it ends with <think>.

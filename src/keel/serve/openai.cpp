@@ -78,6 +78,30 @@ bool thinking_of(const json& body) {
   return false;
 }
 
+// The opening the reply is forced to for tool_choice "required" (choice null) or a named
+// function ({"type": "function", "function": {"name": ...}}): the DSML tool-call block,
+// and the invoke tag of the named function. The model writes the rest; no constrained
+// decoding checks the arguments against the schema.
+std::string forced_tool_call(const json& tools, const json* choice) {
+  if (!tools.is_array() || tools.empty()) throw bad_request("this 'tool_choice' needs 'tools'", "tool_choice");
+  const std::string dsml(kDsmlToken);
+  std::string forced = "\n\n<" + dsml + "tool_calls>\n";
+  if (!choice) return forced;
+  const json* fn = choice->contains("function") ? &(*choice)["function"] : nullptr;
+  if (choice->value("type", json()) != "function" || !fn || !fn->is_object() || !fn->contains("name") ||
+      !(*fn)["name"].is_string()) {
+    throw bad_request("'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                      "tool_choice");
+  }
+  const std::string name = (*fn)["name"].get<std::string>();
+  const bool known = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+    return t.is_object() && t.contains("function") && t["function"].is_object() &&
+           t["function"].value("name", json()) == name;
+  });
+  if (!known) throw bad_request(fmt::format("'tool_choice' names '{}', which is not in 'tools'", name), "tool_choice");
+  return forced + "<" + dsml + "invoke name=\"" + name + "\">\n";
+}
+
 std::string finish_name(Finish f, bool tool_calls) {
   if (f == Finish::length) return "length";
   return tool_calls ? "tool_calls" : "stop";
@@ -112,13 +136,17 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ServedM
   if (endpoint == Endpoint::chat) {
     if (!body.contains("messages")) throw bad_request("'messages' is required", "messages");
     json tools = body.value("tools", json(nullptr));
+    std::string forced;  // the reply's forced opening, for tool_choice required or a named function
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
       const json& tc = body["tool_choice"];
       if (tc.is_string()) {
         const auto v = tc.get<std::string>();
         if (v != "none" && v != "auto" && v != "required") throw bad_request("'tool_choice' must be none, auto, required or a function", "tool_choice");
         if (v == "none") tools = nullptr;
-      } else if (!tc.is_object()) {
+        if (v == "required") forced = forced_tool_call(tools, nullptr);
+      } else if (tc.is_object()) {
+        forced = forced_tool_call(tools, &tc);
+      } else {
         throw bad_request("'tool_choice' must be a string or an object", "tool_choice");
       }
     }
@@ -132,7 +160,13 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ServedM
     } catch (const Error& e) {
       throw bad_request(e.what(), e.context().field.empty() ? "messages" : e.context().field);
     }
+    if (!forced.empty() && options.thinking) {
+      throw bad_request("tool_choice 'required' or a named function needs thinking off: keel enforces it by opening "
+                        "the reply with the tool-call block, which would skip the reasoning", "tool_choice");
+    }
+    r.prompt_text += forced;
     r.parser = parser_options_for_prompt(r.prompt_text);
+    r.parser.forced = forced;
     r.generation.prompt = served.tokenizer.encode(r.prompt_text, false);
     r.logprobs = boolean(body, "logprobs", false);
     if (auto top = integer(body, "top_logprobs", 0, 20)) {
