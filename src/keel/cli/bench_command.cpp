@@ -61,6 +61,7 @@ void print_stages(const std::map<std::string, double>& stages, int steps, const 
 struct BatchedDecode {
   int batch = 0, prompt = 0, steps = 0;
   double step_seconds = 0;
+  double comm_seconds = 0;  // per step, several GPUs: the MoE all-reduces
   double tokens_per_second() const { return batch / step_seconds; }
 };
 
@@ -92,6 +93,7 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
       first += count;
     }
     executor.set_profiling(profiled);
+    executor.reset_communication();
     const auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < steps; ++step) {
       std::vector<SequenceChunk> chunks;
@@ -102,8 +104,9 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
     if (profiled) {
       print_stages(executor.profile(), steps, fmt::format("batch of {}: decode step time by stage", batch), "step");
       executor.set_profiling(false);
-    } else {
-      result.step_seconds = std::min(result.step_seconds, seconds_since(start) / steps);
+    } else if (const double s = seconds_since(start) / steps; s < result.step_seconds) {
+      result.step_seconds = s;
+      result.comm_seconds = executor.communication_seconds() / steps;
     }
   }
   return result;
@@ -210,9 +213,9 @@ void add_bench(CLI::App& app) {
                                     length / seconds * flops_per_token / 1e12);
       }
       for (const BatchedDecode& b : batched) {
-        batched_json += fmt::format("{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}}}",
+        batched_json += fmt::format("{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}, \"comm_ms\": {:.4f}}}",
                                     batched_json.empty() ? "" : ", ", b.batch, b.prompt, b.tokens_per_second(),
-                                    b.step_seconds * 1e3);
+                                    b.step_seconds * 1e3, b.comm_seconds * 1e3);
       }
       fmt::print(
           "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
@@ -242,8 +245,11 @@ void add_bench(CLI::App& app) {
                  tflops, share);
     }
     for (const BatchedDecode& b : batched) {
-      fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts)\n", b.batch,
-                 b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt);
+      const std::string comm = b.comm_seconds > 0 ? fmt::format("; all-reduces {:.3f} ms = {:.1f}% of the step",
+                                                                b.comm_seconds * 1e3, 100 * b.comm_seconds / b.step_seconds)
+                                                  : "";
+      fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts{})\n", b.batch,
+                 b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt, comm);
     }
     if (o->profile) print_profile(runner, prompt, o->decode);
     if (comm_floor > 0) {
