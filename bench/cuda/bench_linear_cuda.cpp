@@ -1,18 +1,24 @@
-// The CUDA decode matrix kernel per stored format on DeepSeek-V4-Flash shapes, next to
-// the device copy bandwidth measured in the same run (cudaMemcpy device to device:
-// bytes read + bytes written per second), one row per case; then FP8 and MXFP4 shapes
-// at 1, 8 and 64 tokens per call; then the lightning indexer with its top-k for one
-// decode token by actual context length.
+// The CUDA matrix kernels per stored format on DeepSeek-V4-Flash shapes, next to the
+// device copy bandwidth measured in the same run (cudaMemcpy device to device: bytes
+// read + bytes written per second), one row per case and kernel (gemv: linear(), the
+// CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel); then FP8 and MXFP4 shapes
+// at 1, 8, 64 and 256 tokens per call; then the routed experts' pair forms (gemv:
+// linear_pairs, mma: linear_pairs_mma) over 256 experts, 6 per token; then the
+// lightning indexer with its top-k for one decode token by actual context length.
 //
 //   keel_gpu_bench [--iters N]
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
 #include "cuda/linear.h"
 #include "model/owned_weight.h"
@@ -49,6 +55,13 @@ std::vector<float> normal(size_t n) {
   return v;
 }
 
+// The kernels compared, with the name their rows carry.
+struct Kernel {
+  const char* name;
+  void (*run)(const keel::cuda::DeviceWeight&, const float*, float*, int64_t, void*);
+};
+const Kernel kKernels[] = {{"gemv", &keel::cuda::linear}, {"mma", &keel::cuda::linear_mma}};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,7 +81,8 @@ int main(int argc, char** argv) {
   cudaFree(b);
   fmt::print("device: {} (sm_{}{}), copy bandwidth {:.0f} GB/s (read + write, {} GiB)\n", prop.name, prop.major,
              prop.minor, copy_bw / 1e9, copy_bytes >> 30);
-  fmt::print("{:<28} {:>12} {:>10} {:>10} {:>8}\n", "case (out x in, format)", "weight MiB", "us", "GB/s", "of copy");
+  fmt::print("{:<28} {:>6} {:>12} {:>10} {:>10} {:>8}\n", "case (out x in, format)", "kernel", "weight MiB", "us",
+             "GB/s", "of copy");
 
   struct Case {
     const char* name;
@@ -93,21 +107,25 @@ int main(int argc, char** argv) {
     check(cudaMalloc(reinterpret_cast<void**>(&x), c.in * sizeof(float)));
     check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
     check(cudaMemset(x, 0, c.in * sizeof(float)));
-    const double s = seconds([&] { keel::cuda::linear(w, x, y, 1); }, iters);
-    check(cudaDeviceSynchronize());
-    const double bw = w.bytes / s;
-    fmt::print("{:<28} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}%\n", fmt::format("{} ({}x{})", c.name, c.out, c.in),
-               w.bytes / 1048576.0, s * 1e6, bw / 1e9, 100 * bw / copy_bw);
+    for (const Kernel& k : kKernels) {
+      const double s = seconds([&] { k.run(w, x, y, 1, nullptr); }, iters);
+      check(cudaDeviceSynchronize());
+      const double bw = w.bytes / s;
+      fmt::print("{:<28} {:>6} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}%\n",
+                 fmt::format("{} ({}x{})", c.name, c.out, c.in), k.name, w.bytes / 1048576.0, s * 1e6, bw / 1e9,
+                 100 * bw / copy_bw);
+    }
     keel::cuda::release(w);
     cudaFree(x);
     cudaFree(y);
   }
 
-  // Several rows of x per call (batched decode of many sequences, prefill): the kernel
-  // reads and decodes each weight chunk once per tile of 8 tokens. GB/s counts the
-  // weight's bytes once per call, so it grows as more tokens share each read.
-  fmt::print("\n{:<28} {:>7} {:>10} {:>10} {:>12} {:>8}\n", "case (out x in, format)", "tokens", "us", "us/token",
-             "weight GB/s", "of copy");
+  // Several rows of x per call (batched decode of many sequences, prefill): the GEMV
+  // reads and decodes each weight chunk once per tile of 8 tokens, the MMA kernel once
+  // per 16 tokens. GB/s counts the weight's bytes once per call, so it grows as more
+  // tokens share each read; TFLOP/s counts 2·out·in per token.
+  fmt::print("\n{:<28} {:>6} {:>7} {:>10} {:>10} {:>12} {:>8} {:>8}\n", "case (out x in, format)", "kernel", "tokens",
+             "us", "us/token", "weight GB/s", "of copy", "TFLOP/s");
   const Case batched[] = {
       {"wo_b fp8", 4096, 8192, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
       {"wq_b fp8", 32768, 1024, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
@@ -116,22 +134,82 @@ int main(int argc, char** argv) {
   for (const Case& c : batched) {
     const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
     keel::cuda::DeviceWeight w = keel::cuda::upload(host.weight());
-    for (const int64_t tokens : {1, 8, 64}) {
+    for (const int64_t tokens : {1, 8, 64, 256}) {
       const std::vector<float> xs = normal(size_t(tokens * c.in));
       float *x = nullptr, *y = nullptr;
       check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
       check(cudaMalloc(reinterpret_cast<void**>(&y), tokens * c.out * sizeof(float)));
       check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
-      const double s = seconds([&] { keel::cuda::linear(w, x, y, tokens); }, iters);
-      check(cudaDeviceSynchronize());
-      const double bw = w.bytes / s;
-      fmt::print("{:<28} {:>7} {:>10.1f} {:>10.2f} {:>12.0f} {:>7.1f}%\n",
-                 fmt::format("{} ({}x{})", c.name, c.out, c.in), tokens, s * 1e6, s * 1e6 / tokens, bw / 1e9,
-                 100 * bw / copy_bw);
+      for (const Kernel& k : kKernels) {
+        const double s = seconds([&] { k.run(w, x, y, tokens, nullptr); }, iters);
+        check(cudaDeviceSynchronize());
+        const double bw = w.bytes / s;
+        fmt::print("{:<28} {:>6} {:>7} {:>10.1f} {:>10.2f} {:>12.0f} {:>7.1f}% {:>8.1f}\n",
+                   fmt::format("{} ({}x{})", c.name, c.out, c.in), k.name, tokens, s * 1e6, s * 1e6 / tokens,
+                   bw / 1e9, 100 * bw / copy_bw, 2.0 * c.out * c.in * tokens / s / 1e12);
+      }
       cudaFree(x);
       cudaFree(y);
     }
     keel::cuda::release(w);
+  }
+
+  // Routed experts as batched decode runs them: each token's 6 distinct random experts
+  // of 256 (Flash's w1: 2048 x 4096 MXFP4), one (token, expert) pair per output row. The
+  // GEMV reads an expert's weight once per pair, the MMA form once per group of up to 8
+  // of its pairs. GB/s counts the distinct experts' bytes once per call (at 1 and 8
+  // tokens they fit in L2, and the iterations reread the same ones).
+  {
+    constexpr int kExperts = 256, kPerToken = 6;
+    const int64_t out = 2048, in = 4096;
+    const keel::OwnedWeight host(normal(size_t(out * in)), out, in, keel::WeightFormat::mxfp4, keel::DType::i8);
+    std::vector<keel::cuda::DeviceWeight> table;  // one copy per expert: distinct bytes
+    for (int e = 0; e < kExperts; ++e) table.push_back(keel::cuda::upload(host.weight()));
+    keel::cuda::DeviceWeight* dtable = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&dtable), kExperts * sizeof(keel::cuda::DeviceWeight)));
+    check(cudaMemcpy(dtable, table.data(), kExperts * sizeof(keel::cuda::DeviceWeight), cudaMemcpyHostToDevice));
+    using Pairs = void(const keel::cuda::DeviceWeight*, int, const keel::cuda::DeviceWeight&, const int32_t*, int64_t,
+                       int, const float*, float*, int32_t*, void*);
+    const std::pair<const char*, Pairs*> forms[] = {{"gemv", &keel::cuda::linear_pairs},
+                                                    {"mma", &keel::cuda::linear_pairs_mma}};
+    fmt::print("\nrouted experts: {} of {}x{} mxfp4 ({:.1f} MiB each), {} per token\n", kExperts, out, in,
+               table[0].bytes / 1048576.0, kPerToken);
+    fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10} {:>10} {:>8}\n", "tokens", "pairs", "experts", "kernel", "us",
+               "GB/s", "of copy");
+    std::mt19937 rng(3);
+    for (const int64_t tokens : {1, 8, 64, 256}) {
+      const int64_t pairs = tokens * kPerToken;
+      std::vector<int32_t> ids(pairs), all(kExperts);
+      std::iota(all.begin(), all.end(), 0);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::shuffle(all.begin(), all.end(), rng);
+        std::copy_n(all.begin(), kPerToken, ids.begin() + t * kPerToken);
+      }
+      const size_t distinct = std::set<int32_t>(ids.begin(), ids.end()).size();
+      const std::vector<float> xs = normal(size_t(tokens * in));
+      float *x = nullptr, *y = nullptr;
+      int32_t *dids = nullptr, *scratch = nullptr;
+      check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
+      check(cudaMalloc(reinterpret_cast<void**>(&y), pairs * out * sizeof(float)));
+      check(cudaMalloc(reinterpret_cast<void**>(&dids), pairs * sizeof(int32_t)));
+      check(cudaMalloc(reinterpret_cast<void**>(&scratch),
+                       keel::cuda::linear_pairs_scratch(pairs, kExperts) * sizeof(int32_t)));
+      check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+      check(cudaMemcpy(dids, ids.data(), pairs * sizeof(int32_t), cudaMemcpyHostToDevice));
+      for (const auto& [name, run] : forms) {
+        const double s =
+            seconds([&] { run(dtable, kExperts, table[0], dids, pairs, kPerToken, x, y, scratch, nullptr); }, iters);
+        check(cudaDeviceSynchronize());
+        const double bw = double(distinct) * table[0].bytes / s;
+        fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10.1f} {:>10.0f} {:>7.1f}%\n", tokens, pairs, distinct, name, s * 1e6,
+                   bw / 1e9, 100 * bw / copy_bw);
+      }
+      for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(dids),
+                      static_cast<void*>(scratch)})
+        cudaFree(p);
+    }
+    cudaFree(dtable);
+    for (keel::cuda::DeviceWeight& w : table) keel::cuda::release(w);
   }
 
   // Flash's indexer: 64 heads of 128, top 512 over CSA entries (one per 4 tokens). The

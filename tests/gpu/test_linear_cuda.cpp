@@ -128,7 +128,7 @@ TEST_P(CudaLinear, PairsMatchCpuReference) {
     int32_t* dexperts = device_copy(experts);
     float* dx = device_copy(x);
     float* dy = device_poisoned(pairs * out);
-    linear_pairs(dtable, table[0], dexperts, pairs, kPerRow, dx, dy);
+    linear_pairs(dtable, kExperts, table[0], dexperts, pairs, kPerRow, dx, dy, nullptr);  // scratch: unused
     const std::vector<float> got = host_copy(dy, pairs * out);
     for (int64_t p = 0; p < pairs; ++p) {
       std::vector<float> want(out, 0.0f);

@@ -15,6 +15,7 @@
 #include "cuda/device.h"
 #include "cuda/embedding.h"
 #include "cuda/forward_ops.h"
+#include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
 #include "cuda/mhc.h"
 #include "cuda/moe.h"
@@ -210,8 +211,31 @@ struct GpuModel::Layer {
   DeviceExpert shared;
 };
 
+// Page-locked host memory for the logits copied back, grown as needed.
+struct PinnedFloats {
+  float* data = nullptr;
+  size_t size = 0;
+  PinnedFloats() = default;
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+  ~PinnedFloats() {
+    if (data) cudaFreeHost(data);
+  }
+  float* grow(size_t n) {
+    if (n > size) {
+      if (data) cudaFreeHost(data);
+      data = nullptr;
+      size = 0;
+      check_api(cudaMallocHost(reinterpret_cast<void**>(&data), n * sizeof(float)), "cudaMallocHost");
+      size = n;
+    }
+    return data;
+  }
+};
+
 // Intermediate buffers, grown as needed and kept between calls.
 struct GpuModel::Workspace {
+  PinnedFloats logits_host;
   Staging stage;
   std::unique_ptr<StageTimer> timer;  // when profiling
   DeviceBuffer<int32_t> tokens;
@@ -222,7 +246,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
   DeviceBuffer<float> logits;
-  DeviceBuffer<int32_t> route_experts, hashed, index_bases;
+  DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
   DeviceBuffer<const float*> key_rows, index_key_rows;
   DeviceBuffer<CopyJob> copy_jobs;
 };
@@ -528,13 +552,16 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
   const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
   float* u = grow(ws.u, S * G * r);
   auto* planned = s.k.gemm[static_cast<size_t>(L.wo_a.planned)];
-  if (planned == &cuda::linear) {
-    // cuda_gemv's pair form, one launch: pair t·G + g is row t·G + g of o seen as
-    // [S·G, group_in] through group g's rows, into row t·G + g of u seen as [S·G, r].
+  if (planned == &cuda::linear || planned == &cuda::linear_mma) {
+    // The planned kernel's pair form, one launch: pair t·G + g is row t·G + g of o seen
+    // as [S·G, group_in] through group g's rows, into row t·G + g of u seen as [S·G, r].
     std::vector<int32_t> groups(S * G);
     for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
     ws.stage.upload(ws.group_ids, std::span<const int32_t>(groups), s.stream);
-    linear_pairs(L.wo_a_groups.data(), L.wo_a_group0, ws.group_ids.data(), S * G, 1, o, u, s.stream);
+    ws.pair_scratch.resize(static_cast<size_t>(linear_pairs_scratch(S * G, static_cast<int>(G))));
+    const auto pairs_form = planned == &cuda::linear ? &linear_pairs : &linear_pairs_mma;
+    pairs_form(L.wo_a_groups.data(), static_cast<int>(G), L.wo_a_group0, ws.group_ids.data(), S * G, 1, o, u,
+               ws.pair_scratch.data(), s.stream);
   } else {
     float* gin = grow(ws.group_in, S * group_in);
     float* gout = grow(ws.group_out, S * r);
@@ -587,11 +614,13 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
     const int64_t I = L.like.w1.w.out;
     float* g = grow(ws.g, pairs * I);
     float* up = grow(ws.up, pairs * I);
+    ws.pair_scratch.resize(static_cast<size_t>(linear_pairs_scratch(pairs, static_cast<int>(L.w1s.size()))));
     const auto pairs_through = [&](const DeviceBuffer<DeviceWeight>& table, const DeviceLinear& like, int per_row,
                                    const float* in, float* result) {
       auto* kernel = s.k.experts[static_cast<size_t>(like.planned)];
       if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU kernel was planned for the routed experts' format");
-      kernel(table.data(), like.w, ws.route_experts.data(), pairs, per_row, in, result, s.stream);
+      kernel(table.data(), static_cast<int>(table.size()), like.w, ws.route_experts.data(), pairs, per_row, in, result,
+             ws.pair_scratch.data(), s.stream);
     };
     pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
     pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
@@ -878,7 +907,12 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
   top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
   grow(ws.logits, n * V);
   top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), n, stream_);
-  const std::vector<float> logits = ws.logits.to_host(stream_);
+  // Through pinned memory: a pageable copy back runs at a fraction of the link's speed,
+  // and a batch's logits are large (256 rows of a 129K vocabulary: 132 MB).
+  const float* logits = ws.logits_host.grow(static_cast<size_t>(n * V));
+  check_api(cudaMemcpyAsync(ws.logits_host.data, ws.logits.data(), n * V * kF, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
+  check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   if (ws.timer) {
     ws.timer->mark("end", stream_);
     check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -888,7 +922,7 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
   int64_t row = 0;
   for (const Part& p : parts) {
     const int64_t rows = which == LogitRows::last ? 1 : p.count;
-    out.emplace_back(logits.begin() + row * V, logits.begin() + (row + rows) * V);
+    out.emplace_back(logits + row * V, logits + (row + rows) * V);
     row += rows;
   }
   return out;

@@ -3,6 +3,7 @@
 #include "cuda/attention.h"
 #include "cuda/compressor.h"
 #include "cuda/embedding.h"
+#include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
 #include "cuda/linear.h"
 #include "cuda/mhc.h"
@@ -14,6 +15,7 @@
 extern "C" void keel_register_cuda_kernels(keel::Registry& registry) {
   keel::cuda::register_embedding(registry);
   keel::cuda::register_linear(registry);
+  keel::cuda::register_gemm_mma(registry);
   keel::cuda::register_norm(registry);
   keel::cuda::register_rope(registry);
   keel::cuda::register_attention(registry);

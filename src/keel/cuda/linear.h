@@ -1,7 +1,9 @@
 // y = x · Wᵀ on the GPU over a weight in its stored format (f32, bf16, FP8 128x128
 // block-scaled, MXFP4, NVFP4), dequantized in registers: the CUDA counterpart of
 // ops/linear.h, tested against it. Plain CUDA cores (no tensor cores): this is the
-// decode path, bound by reading the weight once; it runs on sm_80 and later.
+// decode path, bound by reading the weight once; it runs on sm_80 and later. The plan
+// prefers cuda/gemm_mma.h's tensor-core kernels for bf16, FP8 and FP4 weights, which
+// hand what they do not take to linear() and linear_pairs().
 // Activations and outputs are f32 [tokens, in] / [tokens, out] in device memory.
 #pragma once
 
@@ -38,11 +40,19 @@ void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, voi
 
 // Routed experts without a host round trip: for each pair p < pairs (a token and one
 // of its routed experts), y[p] = x[p / per_row] · W_{experts[p]}ᵀ with W_e = table[e],
-// a device array of weights of one format and shape, described by `like`. A pair whose
-// expert is negative, or whose table entry has no data (an expert another rank holds),
-// gets zeros. y is [pairs, like.out]. pairs ≤ 65535.
-void linear_pairs(const DeviceWeight* table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
-                  int per_row, const float* x, float* y, void* stream = nullptr);
+// a device array of n_table weights of one format and shape, described by `like`. A
+// pair whose expert is negative, or whose table entry has no data (an expert another
+// rank holds), gets zeros. y is [pairs, like.out]. pairs ≤ 65535. `scratch` is device
+// memory of linear_pairs_scratch(pairs, n_table) int32s for the forms that group the
+// pairs first (cuda/gemm_mma.h's linear_pairs_mma, the other moe_gemm kernel, same
+// signature); this one ignores it and n_table.
+void linear_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream = nullptr);
+
+// The int32s of scratch the pair forms (this one and linear_pairs_mma) need for
+// `pairs` pairs over n_table experts: the most either takes (linear_pairs_mma's, 4 per
+// pair and 1), so one buffer serves whichever the plan chose.
+int64_t linear_pairs_scratch(int64_t pairs, int n_table);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_linear(Registry& registry);

@@ -1,0 +1,612 @@
+#include "cuda/gemm_mma.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/check.cuh"
+#include "cuda/moe.h"
+#include "cuda/weight_decode.cuh"
+
+namespace keel::cuda {
+namespace {
+
+// A warp computes 16·R output rows for 8·C tokens with mma.sync m16n8k16: A is 16
+// weight rows by 16 k, B 16 k by 8 tokens, C/D 16 rows by 8 tokens. Lane = 4·g + t
+// holds rows g and g+8 of A and token (column) g of B, at the MMA's k slots 2t, 2t+1,
+// 2t+8, 2t+9. Which real k a slot stands for is free as long as A and B agree, so each
+// lane reads one contiguous 16-byte chunk of rows g and g+8 per step (V values) and the
+// matching V floats of its token: the 4 lanes of a group cover 4·V consecutive k, in
+// V/4 MMAs. Each format says which of its chunk's values sit at the 4 slots of MMA j
+// (x_slots) and builds the A registers from the codes (a_regs).
+
+constexpr int kWarps = 8;  // per block
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kUnit = 128;  // k granularity of the split across warps: the FP8 scale block
+
+// a · b for two bf16 pairs, one rounding each (exact for the decoders below).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));  // + (-0): the product
+  return d;
+}
+
+// bf16(lo) in the low half, bf16(hi) in the high half, rounded to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// A pair of activations as bf16 hi + lo: hi = bf16(x), lo = bf16(x - hi) (x - hi is
+// exact in f32). The two MMAs carry about 16 bits of x.
+struct Split {
+  uint32_t hi, lo;
+};
+__device__ __forceinline__ Split hi_lo(float a, float b) {
+  const uint32_t hi = pack_bf16x2(a, b);
+  const float ra = __fsub_rn(a, __uint_as_float(hi << 16));
+  const float rb = __fsub_rn(b, __uint_as_float(hi & 0xffff0000u));
+  return {hi, pack_bf16x2(ra, rb)};
+}
+
+// d += A·B for one 16x8x16 tile.
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A weight chunk read once: not kept in L1 (other warps never reread it), fetched
+// 256 bytes at a time into L2 (the next lanes' chunks).
+__device__ __forceinline__ uint4 load_weights(const uint8_t* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float4 load_x(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+__device__ __forceinline__ uint32_t word(const uint4& c, int i) {
+  return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w;
+}
+
+// What decoding one row's chunk of a step multiplies by, as bf16 pairs: `first` for the
+// chunk's first 16 values, `second` for the rest (NVFP4's two block scales). MXFP4 in
+// `big` steps (a scale past 2^1, never seen in practice) takes a second multiply.
+struct Factors {
+  uint32_t first = 0, second = 0;
+  bool big = false;
+};
+
+template <WeightFormat F>
+struct Mma;
+
+// bf16: 8 values a chunk, 2 MMAs; MMA j takes values 4j .. 4j+3 in order, as stored.
+template <>
+struct Mma<WeightFormat::bf16> {
+  static constexpr int kValues = 8;
+  static constexpr int kBits = 16;  // per value
+  __device__ static const uint8_t* scales(const DeviceWeight&, int64_t, int) { return nullptr; }
+  __device__ static uint32_t scale_bits(const uint8_t*, int64_t) { return 0; }
+  __device__ static Factors factors(uint32_t) { return {}; }
+  template <bool>
+  __device__ static void a_regs(const uint4& c, int j, const Factors&, uint32_t& low, uint32_t& high) {
+    low = word(c, 2 * j), high = word(c, 2 * j + 1);
+  }
+  __device__ static void x_slots(const float* p, int j, float4 (&)[2], float v[4]) {
+    const float4 q = load_x(p + 4 * j);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  }
+};
+
+// FP8 e4m3: 16 values a chunk, 4 MMAs; MMA j takes word j, bytes 0 and 2 at slots 2t
+// and 2t+1, bytes 1 and 3 at 2t+8 and 2t+9 (a byte pair 16 bits apart becomes a bf16 pair
+// in a few bit operations). The code's bits go where bf16 keeps them (sign at 15,
+// exponent and mantissa at 10..4), which reads as the value times 2^-120, subnormals
+// included; times 2^120 is exact. The block scale is applied in f32 per 128-k block.
+template <>
+struct Mma<WeightFormat::fp8_block> {
+  static constexpr int kValues = 16;
+  static constexpr int kBits = 8;
+  // The scale blocks of `row` (fp8_block_scale's, split into the row's part and k's).
+  __device__ static const uint8_t* scales(const DeviceWeight& w, int64_t row, int) {
+    return w.scale + (row + w.first_row) / 128 * w.scale_cols * (w.f32_scales ? 4 : 1);
+  }
+  __device__ static float block_scale(const DeviceWeight& w, const uint8_t* scales, int64_t k) {
+    return w.f32_scales ? reinterpret_cast<const float*>(scales)[k / 128] : ue8m0(scales[k / 128]);
+  }
+  __device__ static uint32_t scale_bits(const uint8_t*, int64_t) { return 0; }
+  __device__ static Factors factors(uint32_t) { return {}; }
+  template <bool>
+  __device__ static void a_regs(const uint4& c, int j, const Factors&, uint32_t& low, uint32_t& high) {
+    constexpr uint32_t k2p120 = 0x7b807b80u;  // 2^120, twice
+    const uint32_t w = word(c, j);
+    low = mul_bf16x2(((w << 8) & 0x80008000u) | ((w << 4) & 0x07f007f0u), k2p120);
+    high = mul_bf16x2((w & 0x80008000u) | ((w >> 4) & 0x07f007f0u), k2p120);
+  }
+  __device__ static void x_slots(const float* p, int j, float4 (&)[2], float v[4]) {
+    const float4 q = load_x(p + 4 * j);
+    v[0] = q.x, v[1] = q.z, v[2] = q.y, v[3] = q.w;
+  }
+};
+
+// The e2m1 codes at bits 0..3 and 16..19 of s as a bf16 pair of their values times
+// 2^-126: sign to bit 15, exponent and mantissa bits to 8..6 (code 1, 0.5, reads as
+// the subnormal 2^-127).
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t s) {
+  return ((s << 12) & 0x80008000u) | ((s << 6) & 0x01c001c0u);
+}
+
+// MXFP4 and NVFP4: 32 values a chunk (one MX block, two NVFP4 blocks), 8 MMAs; MMA j
+// takes word j/2, nibbles n and n+4 at slots 2t and 2t+1, n+1 and n+5 at 2t+8 and 2t+9,
+// n = 2·(j%2). One multiply makes the codes exact bf16 values times their block scale:
+// MX by 2^(e-1) (2^126 · 2^(e-127), a bf16 for e ≤ 128; above, 2^127 then 2^(e-128));
+// NVFP4 by e4m3(s)·2^118, which leaves the value times 2^-8, undone with the global
+// scale at the end (e2m1 · e4m3 has at most 6 significant bits: exact).
+template <WeightFormat F>
+struct Fp4Mma {
+  static constexpr int kValues = 32;
+  static constexpr int kBits = 4;
+  // Lane t's scales of `row` from k = 0, and those of its chunk at k: one MX byte, or
+  // two NVFP4 bytes (an aligned pair).
+  __device__ static const uint8_t* scales(const DeviceWeight& w, int64_t row, int t) {
+    return F == WeightFormat::mxfp4 ? w.scale + row * w.in / 32 + t : w.scale + row * w.in / 16 + 2 * t;
+  }
+  __device__ static uint32_t scale_bits(const uint8_t* scales, int64_t k) {
+    if constexpr (F == WeightFormat::mxfp4) {
+      return __ldg(scales + k / 32);
+    } else {
+      return __ldg(reinterpret_cast<const uint16_t*>(scales + k / 16));
+    }
+  }
+  __device__ static Factors factors(uint32_t bits) {
+    const auto twice = [](uint32_t b) { return b | b << 16; };
+    if constexpr (F == WeightFormat::mxfp4) {
+      const uint32_t e = bits;
+      const bool big = e > 128;
+      return {twice((big ? 254u : e + 126) << 7), twice(e == 255 ? 0x7fc0u : (e - 1) << 7), big};
+    } else {
+      const auto bf16 = [](uint32_t s) { return __float_as_uint(e4m3(s) * 0x1p118f) >> 16; };
+      return {twice(bf16(bits & 0xffu)), twice(bf16(bits >> 8)), false};
+    }
+  }
+  template <bool kBig>
+  __device__ static void a_regs(const uint4& c, int j, const Factors& f, uint32_t& low, uint32_t& high) {
+    const uint32_t w = word(c, j / 2) >> (8 * (j % 2));
+    const uint32_t scale = F == WeightFormat::nvfp4 && j >= 4 ? f.second : f.first;
+    low = mul_bf16x2(e2m1_pair(w), scale);
+    high = mul_bf16x2(e2m1_pair(w >> 4), scale);
+    if constexpr (F == WeightFormat::mxfp4 && kBig) {
+      if (f.big) low = mul_bf16x2(low, f.second), high = mul_bf16x2(high, f.second);
+    }
+  }
+  // MMAs 2i and 2i+1 share the x of word i: loaded for the first, kept in q for the second.
+  __device__ static void x_slots(const float* p, int j, float4 (&q)[2], float v[4]) {
+    if (j % 2 == 0) {
+      q[0] = load_x(p + 4 * j), q[1] = load_x(p + 4 * j + 4);
+      v[0] = q[0].x, v[1] = q[1].x, v[2] = q[0].y, v[3] = q[1].y;
+    } else {
+      v[0] = q[0].z, v[1] = q[1].z, v[2] = q[0].w, v[3] = q[1].w;
+    }
+  }
+};
+template <>
+struct Mma<WeightFormat::mxfp4> : Fp4Mma<WeightFormat::mxfp4> {};
+template <>
+struct Mma<WeightFormat::nvfp4> : Fp4Mma<WeightFormat::nvfp4> {};
+
+// k per step: 4 lanes of V values.
+template <WeightFormat F>
+constexpr int kStep = 4 * Mma<F>::kValues;
+
+// The tokens of one tile, MMA columns 0 .. count-1 (count ≥ 1, at most 8·C): where
+// column j's row of x starts and its row of y. linear_mma's are consecutive rows, a
+// group of pairs' the rows its pairs name.
+struct Consecutive {
+  const float* x;  // column 0's rows
+  float* y;
+  int64_t in, out;
+  int count;
+  __device__ const float* x_row(int j) const { return x + j * in; }
+  __device__ float* y_row(int j) const { return y + j * out; }
+};
+template <bool kGrouped>
+struct Pairs {
+  const int32_t* order;  // grouped: the group's pairs
+  int32_t first;         // otherwise: the one pair
+  const float* x;
+  float* y;
+  int64_t in, out;
+  int per_row, count;
+  __device__ int64_t pair(int j) const {
+    if constexpr (kGrouped) return __ldg(order + j);
+    return first;
+  }
+  __device__ const float* x_row(int j) const { return x + pair(j) / per_row * in; }
+  __device__ float* y_row(int j) const { return y + pair(j) * out; }
+};
+
+// Row block `block` holds kWarps / split row warps of 16·R rows each, `split` warps per
+// row warp sharing its k in contiguous shares of 128-k units; it computes them for the
+// tile's columns. Rows past the end (in the last block) read the last row again, columns
+// past the tile's last read that column again (no branches around loads); neither is
+// ever stored, and MMA rows and columns do not mix.
+//
+// A row's sum for a token: per warp share, the MMAs in k order (hi, then lo, per MMA),
+// FP8 folding each 128-k block's sum times its scale into the total; then the shares
+// added in share order. Nothing here depends on R, C, the block's columns or the other
+// tokens.
+template <WeightFormat F, int R, int C, typename Columns>
+__device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
+  using Fmt = Mma<F>;
+  constexpr int V = Fmt::kValues, J = V / 4, K = kStep<F>;
+  constexpr bool kFp8 = F == WeightFormat::fp8_block;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int share = warp % split;
+  const int64_t row0 = (block * (kWarps / split) + warp / split) * (16 * R);
+  const int groups = min(C, (cols.count + 7) / 8);
+  const int64_t units = (w.in + kUnit - 1) / kUnit;
+  const int64_t k_begin = share * units / split * kUnit, k_end = min(w.in, (share + 1) * units / split * kUnit);
+
+  // This lane's rows (g and g+8 of each tile) and its token of each column group.
+  const int64_t row_bytes = w.in * Fmt::kBits / 8;
+  const uint8_t *src[R][2], *scales[R][2];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min(row0 + 16 * i + g + 8 * h, w.out - 1);
+      src[i][h] = static_cast<const uint8_t*>(w.data) + row * row_bytes + 16 * t;
+      scales[i][h] = Fmt::scales(w, row, t);
+    }
+  }
+  const float* xt[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) xt[c] = cols.x_row(min(8 * c + g, cols.count - 1)) + V * t;
+
+  float sum[R][C][4] = {};  // the MMAs' accumulators (FP8: of the current 128-k block)
+  float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
+
+  // One step: every MMA of the chunks `raw` against each column group's x.
+  const auto step = [&]<bool kBig>(const uint4 (&raw)[R][2], const Factors (&f)[R][2], int64_t k) {
+    float4 xq[C][2];  // x loads an MMA shares with the next (FP4)
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      uint32_t a[R][4];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        Fmt::template a_regs<kBig>(raw[i][0], j, f[i][0], a[i][0], a[i][2]);
+        Fmt::template a_regs<kBig>(raw[i][1], j, f[i][1], a[i][1], a[i][3]);
+      }
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        if (c > 0 && c >= groups) break;  // a tile has a token: no test for the first group
+        float v[4];
+        Fmt::x_slots(xt[c] + k, j, xq[c], v);
+        const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          mma(sum[i][c], a[i], b0.hi, b1.hi);
+          mma(sum[i][c], a[i], b0.lo, b1.lo);
+        }
+      }
+    }
+  };
+
+  // With one column group, the weight chunks (and scale bytes) of the next step load
+  // while this one computes: a step is short. More groups make it long enough (and need
+  // the registers).
+  constexpr bool kPrefetch = C == 1;
+  uint4 raw[R][2];
+  uint32_t bits[R][2];
+  const auto load = [&](int64_t k, uint4 (&chunk)[R][2], uint32_t (&b)[R][2]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        chunk[i][h] = load_weights(src[i][h] + k / K * 64);
+        b[i][h] = Fmt::scale_bits(scales[i][h], k);
+      }
+    }
+  };
+  if (kPrefetch && k_begin < k_end) load(k_begin, raw, bits);
+  float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
+  for (int64_t k = k_begin; k < k_end; k += K) {
+    uint4 next[R][2];
+    uint32_t next_bits[R][2];
+    if constexpr (kPrefetch) {
+      load(min(k + K, k_end - K), next, next_bits);  // the last step loads itself again
+    } else {
+      load(k, raw, bits);
+    }
+    Factors f[R][2];
+    bool big = false;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        f[i][h] = Fmt::factors(bits[i][h]);
+        big |= f[i][h].big;
+        if constexpr (kFp8) {
+          if (k % kUnit == 0) scale[i][h] = Fmt::block_scale(w, scales[i][h], k);
+        }
+      }
+    }
+    if (F == WeightFormat::mxfp4 && __any_sync(0xffffffffu, big)) {
+      step.template operator()<true>(raw, f, k);
+    } else {
+      step.template operator()<false>(raw, f, k);
+    }
+    if constexpr (kFp8) {
+      if ((k + K) % kUnit == 0 || k + K >= k_end) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              acc[i][c][r] = __fmaf_rn(sum[i][c][r], scale[i][r / 2], acc[i][c][r]);
+              sum[i][c][r] = 0.0f;
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw[i][h] = next[i][h], bits[i][h] = next_bits[i][h];
+      }
+    }
+  }
+
+  // The shares' sums, added in share order: each warp of a row warp adds up and stores
+  // every split-th value. NVFP4 sums are the value times 2^-8 (see Fp4Mma).
+  const float(&total)[R][C][4] = kFp8 ? acc : sum;
+  const float post = F == WeightFormat::nvfp4 ? w.global_scale * 256.0f : 1.0f;
+  __shared__ float shares[kWarps][R * C * 4][kWarp];
+  if (split > 1) {
+#pragma unroll
+    for (int e = 0; e < R * C * 4; ++e) shares[warp][e][lane] = total[e / (C * 4)][e / 4 % C][e % 4];
+    __syncthreads();
+  }
+#pragma unroll
+  for (int e = 0; e < R * C * 4; ++e) {
+    const int i = e / (C * 4), c = e / 4 % C, r = e % 4;
+    if (e % split != share) continue;
+    const int64_t o = row0 + 16 * i + g + 8 * (r / 2);
+    const int j = 8 * c + 2 * t + r % 2;
+    if (o >= w.out || j >= cols.count) continue;
+    float v = total[i][c][r];
+    if (split > 1) {
+      v = shares[warp - share][e][lane];
+      for (int s = 1; s < split; ++s) v = __fadd_rn(v, shares[warp - share + s][e][lane]);
+    }
+    if constexpr (F == WeightFormat::nvfp4) v = __fmul_rn(v, post);
+    cols.y_row(j)[o] = v;
+  }
+}
+
+// Block `blockIdx.x / passes` of rows, tokens [8·C·pass, 8·C·(pass + 1)) for pass
+// `blockIdx.x % passes`.
+template <WeightFormat F, int R, int C>
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_linear(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens, int split,
+               unsigned passes) {
+  const int64_t tok0 = int64_t{blockIdx.x % passes} * (8 * C);
+  const int count = static_cast<int>(min(int64_t{8 * C}, tokens - tok0));
+  mma_tile<F, R, C>(w, blockIdx.x / passes, split, Consecutive{x + tok0 * w.in, y + tok0 * w.out, w.in, w.out, count});
+}
+
+// Block (blockIdx.x, blockIdx.y): rows block blockIdx.x for the pairs of group
+// blockIdx.y, a tile of one expert's pairs, its weight read once for all of them.
+// Blocks past the groups group_pairs made do nothing; a group of unrouted pairs or of
+// an expert without data (another rank's) writes zeros. Ungrouped, group p is pair p
+// alone. Each expert's shape and encoding are like's; its pointers, first row and
+// global scale come from its table entry.
+template <WeightFormat F, int R, int C, bool kGrouped>
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_pairs(const DeviceWeight* __restrict__ table, DeviceWeight like, const int32_t* __restrict__ experts,
+              const int32_t* __restrict__ order, const PairGroup* __restrict__ groups,
+              const int32_t* __restrict__ group_count, int per_row, const float* __restrict__ x,
+              float* __restrict__ y, int split) {
+  PairGroup group;
+  if constexpr (kGrouped) {
+    if (static_cast<int>(blockIdx.y) >= *group_count) return;
+    group = groups[blockIdx.y];
+  } else {
+    group = {experts[blockIdx.y], static_cast<int32_t>(blockIdx.y), 1};
+  }
+  const Pairs<kGrouped> cols{kGrouped ? order + group.first : nullptr, group.first, x, y, like.in, like.out, per_row,
+                            group.count};
+  const DeviceWeight* e = group.expert < 0 ? nullptr : table + group.expert;
+  if (e == nullptr || e->data == nullptr) {
+    const int64_t rows = int64_t{kWarps / split} * 16 * R, first = blockIdx.x * rows;
+    const int n = static_cast<int>(min(rows, like.out - first));
+    for (int i = threadIdx.x; i < group.count * n; i += kThreads) cols.y_row(i / n)[first + i % n] = 0.0f;
+    return;
+  }
+  DeviceWeight w = like;
+  w.data = e->data, w.scale = e->scale, w.first_row = e->first_row, w.global_scale = e->global_scale;
+  mma_tile<F, R, C>(w, blockIdx.x, split, cols);
+}
+
+// Warps that share a row tile's k (one block's, up to all 8): a function of the shape
+// only, never of the token count, so that a token's sums are the same in every call.
+// It doubles while a one-token product has fewer than 2048 warps of 32 rows (16 per SM
+// of a 132-SM GPU: two blocks, what the registers allow) and each share keeps at least
+// 2 units of k.
+int split_for(const DeviceWeight& w) {
+  const int64_t tiles = (w.out + 31) / 32, units = (w.in + kUnit - 1) / kUnit;
+  int split = 1;
+  while (split < kWarps && tiles * split < 2048 && units >= 4 * split) split *= 2;
+  return split;
+}
+
+// A warp's tile: up to 8 tokens, 2 row tiles (32 rows) by 1 column group, so x's
+// conversion serves two tiles and registers leave room for the next step's loads. More
+// tokens: 2 row tiles by 2 column groups (16 tokens per pass), each decoded chunk used
+// twice and each converted x twice; FP4 (32-value chunks, twice the registers) takes 1
+// row tile by 4 groups instead, what fits in 128 registers without spilling.
+constexpr int kFewTokens = 8;
+template <WeightFormat F>
+constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
+
+template <WeightFormat F, int R, int C>
+void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
+  const int split = split_for(w);
+  const int64_t rows = int64_t{kWarps / split} * 16 * R;
+  const int64_t passes = (tokens + 8 * C - 1) / (8 * C);
+  const int64_t blocks = (w.out + rows - 1) / rows * passes;
+  if (blocks > INT_MAX) throw std::runtime_error("cuda::linear_mma: " + std::to_string(tokens) + " tokens in one call");
+  mma_linear<F, R, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
+                                                                               static_cast<unsigned>(passes));
+  check(cudaGetLastError(), "linear_mma launch");
+}
+
+template <WeightFormat F>
+void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
+  if (tokens <= kFewTokens) {
+    launch<F, 2, 1>(w, x, y, tokens, stream);
+  } else {
+    launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
+  }
+}
+
+// linear_pairs_mma's scratch: the pair indices expert by expert, the groups, their count.
+constexpr int64_t kGroupInts = sizeof(PairGroup) / sizeof(int32_t);
+static_assert(sizeof(PairGroup) == kGroupInts * sizeof(int32_t) && alignof(PairGroup) <= alignof(int32_t));
+
+// Up to this many pairs go ungrouped, each its own group: they could share few reads
+// (one token's experts are distinct), and grouping costs a launch.
+constexpr int64_t kUngrouped = 8;
+
+// The pairs grouped by expert in tiles of a kernel's 8·C columns (or not at all), then
+// a block per (row block, group). The grid's second dimension is the most groups there
+// can be: one per pair, and besides the full tiles at most one partial tile per expert
+// (and one of the unrouted).
+template <WeightFormat F, int R, int C, bool kGrouped>
+void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, cudaStream_t stream) {
+  constexpr int kTile = 8 * C;
+  int32_t *order = nullptr, *count = nullptr;
+  PairGroup* groups = nullptr;
+  if constexpr (kGrouped) {
+    order = scratch, groups = reinterpret_cast<PairGroup*>(scratch + pairs), count = scratch + (1 + kGroupInts) * pairs;
+    group_pairs(experts, pairs, n_table, kTile, order, groups, count, stream);
+  }
+  const int split = split_for(like);
+  const int64_t rows = int64_t{kWarps / split} * 16 * R, blocks = (like.out + rows - 1) / rows;
+  const int64_t most = kGrouped ? std::min(pairs, std::min(pairs, int64_t{n_table} + 1) + pairs / kTile) : pairs;
+  if (most > 65535 || blocks > INT_MAX) {
+    throw std::runtime_error("cuda::linear_pairs_mma: " + std::to_string(pairs) + " pairs in one call");
+  }
+  mma_pairs<F, R, C, kGrouped><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(most)), kThreads, 0,
+                                 stream>>>(table, like, experts, order, groups, count, per_row, x, y, split);
+  check(cudaGetLastError(), "linear_pairs_mma launch");
+}
+
+// The tile as linear_mma picks it by tokens per call, here by pairs per table entry on
+// average: batched decode's few take 8 columns, prefill's many the larger tile.
+template <WeightFormat F>
+void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, cudaStream_t stream) {
+  if (pairs <= kUngrouped) {
+    launch_pairs<F, 2, 1, false>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+  } else if (pairs <= int64_t{kFewTokens} * n_table) {
+    launch_pairs<F, 2, 1, true>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+  } else {
+    launch_pairs<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2, true>(table, n_table, like, experts, pairs, per_row, x, y,
+                                                           scratch, stream);
+  }
+}
+
+// The k a step covers, or 0 for a weight the tensor-core kernel does not take.
+int step_of(const DeviceWeight& w) {
+  switch (w.format) {
+    case WeightFormat::bf16: return w.dtype == DType::bf16 ? kStep<WeightFormat::bf16> : 0;
+    case WeightFormat::fp8_block: return w.dtype == DType::f8_e4m3 ? kStep<WeightFormat::fp8_block> : 0;
+    case WeightFormat::mxfp4: return kStep<WeightFormat::mxfp4>;
+    case WeightFormat::nvfp4: return kStep<WeightFormat::nvfp4>;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+bool linear_mma_takes(const DeviceWeight& w, const float* x) {
+  const int step = step_of(w);
+  return step > 0 && w.in % step == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+}
+
+void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream_ptr) {
+  if (tokens <= 0) return;
+  if (!linear_mma_takes(w, x)) return linear(w, x, y, tokens, stream_ptr);  // small test models' shapes
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (w.format) {
+    case WeightFormat::bf16: return launch<WeightFormat::bf16>(w, x, y, tokens, stream);
+    case WeightFormat::fp8_block: return launch<WeightFormat::fp8_block>(w, x, y, tokens, stream);
+    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4>(w, x, y, tokens, stream);
+    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4>(w, x, y, tokens, stream);
+    default: break;
+  }
+}
+
+int64_t linear_pairs_scratch(int64_t pairs, int /*n_table*/) {
+  return pairs <= 0 ? 0 : (1 + kGroupInts) * pairs + 1;  // order, groups (at most one per pair), count
+}
+
+void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream_ptr) {
+  if (pairs <= 0) return;
+  if (!linear_mma_takes(like, x) || n_table < 1 || n_table > kMaxGroupedExperts) {
+    return linear_pairs(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
+  }
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const auto run = [&]<WeightFormat F>() {
+    launch_pairs<F>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+  };
+  switch (like.format) {
+    case WeightFormat::bf16: return run.template operator()<WeightFormat::bf16>();
+    case WeightFormat::fp8_block: return run.template operator()<WeightFormat::fp8_block>();
+    case WeightFormat::mxfp4: return run.template operator()<WeightFormat::mxfp4>();
+    case WeightFormat::nvfp4: return run.template operator()<WeightFormat::nvfp4>();
+    default: break;
+  }
+}
+
+void register_gemm_mma(Registry& registry) {
+  // mma.sync m16n8k16 bf16 is on every GPU from sm_80 on.
+  const auto add = [&](Op op) {
+    KernelInfo k{.name = "cuda_mma_gemm",
+                 .op = op,
+                 .archs = ArchSet::gpus_from(Arch::sm_80),
+                 .formats = {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4},
+                 .activations = {Activation::f32},
+                 .priority = 2,
+                 .summary = "tensor-core GEMM for any token count (mma.sync bf16, x as bf16 hi + lo), "
+                            "a token's row independent of the batch"};
+    registry.add(std::move(k.with_entry(&linear_mma)));
+  };
+  add(Op::dense_gemm);
+  add(Op::lm_head);
+  KernelInfo pairs{.name = "cuda_mma_pairs",
+                   .op = Op::moe_gemm,
+                   .archs = ArchSet::gpus_from(Arch::sm_80),
+                   .formats = {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4},
+                   .activations = {Activation::f32},
+                   .priority = 2,
+                   .summary = "tensor-core GEMM per routed expert over its pairs, grouped on the device; "
+                              "each pair's row as cuda_mma_gemm gives its token alone"};
+  registry.add(std::move(pairs.with_entry(&linear_pairs_mma)));
+}
+
+}  // namespace keel::cuda

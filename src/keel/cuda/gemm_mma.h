@@ -1,0 +1,61 @@
+// y = x · Wᵀ on tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulation) over
+// bf16, FP8 128x128 block-scaled, MXFP4 and NVFP4 weights: one kernel for every token
+// count, decode (one token, bound by reading the weight) as well as batched decode and
+// prefill; and its pair form for the routed experts, each expert's pairs its columns.
+// sm_80 and later.
+//
+// Weights enter the MMA exactly: e4m3 codes, e2m1 codes times their MX or NVFP4 block
+// scale, and bf16 are all exact in bf16 (the FP8 block scale and the NVFP4 global scale
+// are applied in f32 afterwards). Activations are split x = hi + lo, both bf16, and both
+// halves go through the MMA into the same f32 accumulator: about 16 bits of x, a
+// relative error of at most 2^-17 per product, i.e. |y - exact| ≤ 2^-17 · Σ_k |x_k·w_k|
+// plus f32 rounding.
+//
+// Each token is one MMA column, and a column's result never depends on the others; the
+// k order, the FP8 block folding and the split of k across warps depend on the weight's
+// shape only. So a token's output row is bit for bit the same whatever the other tokens
+// of the call and however many there are.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/linear.h"
+#include "plan/kernel_registry.h"
+
+namespace keel::cuda {
+
+// y[t, o] = Σ_k x[t, k] · W[o, k] for t < tokens; x [tokens, in], y [tokens, out], f32 in
+// device memory; asynchronous on `stream` (0: the default stream). Takes the tensor
+// cores when the format is one above, in is a multiple of a step's k (32 for bf16, 64
+// for FP8, 128 for FP4) and x and the weight are 16-byte aligned; anything else (f32
+// weights, the odd widths of small test models) goes to linear(), the CUDA-core GEMV,
+// with that kernel's numerics. Same signature as linear().
+void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream = nullptr);
+
+// Whether linear_mma computes this product on the tensor cores (rather than handing it
+// to linear()).
+bool linear_mma_takes(const DeviceWeight& w, const float* x);
+
+// The routed experts' pairs on tensor cores (linear_pairs' contract and signature):
+// the pairs grouped by expert on the device (group_pairs, into `scratch`), then one
+// launch over (row blocks, groups) in which each group's pairs are the MMA columns, so
+// an expert's weight is read once per group of up to 8 of its pairs (32 for FP4 and 16
+// for the others when there are more than 8 pairs per table entry on average). Up to 8
+// pairs (one token's experts) skip the grouping: each pair is its own group. Each
+// pair's row is bit for bit what linear_mma gives with its expert's weight on its x row
+// alone: a token's result never depends on the batch. `n_table` is the number of table
+// entries (expert ids are below it); `scratch` holds linear_pairs_scratch(pairs,
+// n_table) int32s of device memory, overwritten. Every entry with data must have like's
+// shape and encoding and be 16-byte aligned (upload()'s weights, and row views of them
+// at whole rows, are). When linear_mma would not take `like` on the tensor cores (see
+// linear_mma_takes), or n_table is not in 1..kMaxGroupedExperts, the pairs go to
+// linear_pairs, the CUDA-core GEMV pair form, with its numerics (what linear_mma then
+// gives too). pairs ≤ 65535, as for linear_pairs.
+void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch,
+                      void* stream = nullptr);
+
+// Adds the kernels to the registry (called from cuda/kernels.cu).
+void register_gemm_mma(Registry& registry);
+
+}  // namespace keel::cuda

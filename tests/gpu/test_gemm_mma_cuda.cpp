@@ -1,0 +1,409 @@
+// The tensor-core matrix kernel (cuda/gemm_mma.h) against the CPU reference
+// (ops/linear.h's linear_reference, f64 sums over the quant/ dequantizers) for every
+// format it takes, at sizes that cross its row tiles, token groups, passes, k shares
+// and FP8 scale blocks, outputs poisoned; against itself: every token's row is bit for
+// bit what a call with that token alone gives; and for what it does not take, that it
+// hands the product to linear() unchanged. The same for the pair form over tables of
+// routed experts: each pair's row against the CPU reference and bit for bit against
+// linear_mma on its token alone, zeros for unrouted pairs and experts without data.
+//
+// Tolerance: x enters the MMAs as bf16 hi + lo with |x - hi - lo| ≤ 2^-17·|x| (hi is
+// off by at most half a bf16 ulp of x, lo rounds that remainder to 8 bits), the weights
+// exactly, so each product is off by at most 2^-17·|x_k·w_k|; the f32 accumulation of a
+// chain of at most ~80 MMAs, block folds and share sums here adds at most about as much
+// again. The bound checked is 2^-16 · Σ_k |x_k·w_k| per output (the row's scale, from
+// the decoded weights); the worst ratio seen is printed.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda/gemm_mma.h"
+#include "cuda/linear.h"
+#include "gpu/device_memory.h"
+#include "gpu/weight_cases.h"
+#include "model/owned_weight.h"
+#include "ops/linear.h"
+#include "testing.h"
+
+namespace keel::cuda {
+namespace {
+
+using keel::testing::random_normal;
+
+constexpr double kTolerance = 0x1p-16;
+
+// Rows [first, first + count) of an FP8 weight on the device, as the grouped output
+// projection views them: the data from that row, scale blocks still counted from the
+// stored row 0 (first_row).
+DeviceWeight fp8_rows(const DeviceWeight& w, int64_t first, int64_t count) {
+  DeviceWeight v = w;
+  v.out = count;
+  v.data = static_cast<const uint8_t*>(w.data) + first * w.in;
+  v.first_row = w.first_row + first;
+  return v;
+}
+
+// Σ_k |x[t, k]·W[first + o, k]| for every token t and row o < out: the scale of each output.
+std::vector<double> magnitudes(const Weight& w, const std::vector<float>& x, int64_t tokens, int64_t first,
+                               int64_t out) {
+  const int64_t in = in_features(w);
+  std::vector<double> m(tokens * out);
+  std::vector<float> row(in);
+  for (int64_t o = 0; o < out; ++o) {
+    keel::decode_row(w, first + o, row);
+    for (int64_t t = 0; t < tokens; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < in; ++k) s += std::fabs(double{x[t * in + k]} * row[k]);
+      m[t * out + o] = s;
+    }
+  }
+  return m;
+}
+
+// Runs `d` (a view of rows [first, first + out) of `host`) over each token count: every
+// output within the tolerance of the CPU reference, and every token's row equal, bit
+// for bit, to a call with that token alone.
+void check_against_reference(const char* name, const Weight& host, const DeviceWeight& d, int64_t first,
+                             uint32_t seed) {
+  const int64_t out = d.out, in = d.in;
+  double worst = 0;
+  float* alone = device_poisoned(out);
+  for (const int64_t tokens : {1, 7, 8, 9, 33, 64, 130}) {
+    const std::vector<float> x = random_normal(tokens * in, seed + static_cast<uint32_t>(tokens));
+    std::vector<float> want(tokens * out);
+    keel::linear_reference(host, keel::rows_of(std::span<const float>(x), in),
+                           keel::rows_of(std::span<float>(want), out), {first, out});
+    const std::vector<double> scale = magnitudes(host, x, tokens, first, out);
+    float* dx = device_copy(x);
+    ASSERT_TRUE(linear_mma_takes(d, dx)) << name << " " << out << "x" << in;
+    float* dy = device_poisoned(tokens * out);
+    linear_mma(d, dx, dy, tokens);
+    const std::vector<float> got = host_copy(dy, tokens * out);
+    for (int64_t i = 0; i < tokens * out; ++i) {
+      const double err = std::fabs(double{got[i]} - want[i]);
+      ASSERT_LE(err, kTolerance * scale[i]) << name << " " << out << "x" << in << " tokens " << tokens << " token "
+                                            << i / out << " row " << i % out << ": got " << got[i] << ", want "
+                                            << want[i];
+      worst = std::max(worst, err / scale[i]);
+    }
+    for (int64_t t = 0; t < tokens; ++t) {
+      ASSERT_EQ(cudaMemset(alone, 0xff, out * sizeof(float)), cudaSuccess);
+      linear_mma(d, dx + t * in, alone, 1);
+      const std::vector<float> one = host_copy(alone, out);
+      ASSERT_EQ(std::memcmp(one.data(), got.data() + t * out, out * sizeof(float)), 0)
+          << name << " " << out << "x" << in << ": token " << t << " of " << tokens
+          << " differs from the same token alone";
+    }
+    cudaFree(dx);
+    cudaFree(dy);
+  }
+  cudaFree(alone);
+  std::printf("  %s %lldx%lld (rows from %lld): worst error %.2e of sum |x·w|\n", name, static_cast<long long>(out),
+              static_cast<long long>(in), static_cast<long long>(first), worst);
+}
+
+class CudaMma : public ::testing::TestWithParam<WeightCase> {};
+
+// out: no multiple of a warp's 32 rows nor of a block's; in: one to several steps, FP8
+// scale blocks crossed unevenly (1152 = 9 blocks, 320 ends in half a block), k split
+// across 1 to 8 warps in equal and unequal shares.
+TEST_P(CudaMma, MatchesCpuReferenceAndOneTokenCalls) {
+  const WeightCase& c = GetParam();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (is_fp4(c)) {
+    shapes = {{261, 512}, {77, 1024}, {45, 256}, {100, 4096}};
+  } else {
+    shapes = {{261, 1152}, {77, 320}, {45, 256}, {100, 4096}};
+  }
+  for (const auto& [out, in] : shapes) {
+    const OwnedWeight host(random_normal(out * in, 5), out, in, c.format, c.dtype, c.scales);
+    DeviceWeight w = upload(host.weight());
+    check_against_reference(c.name, host.weight(), w, 0, 20);
+    release(w);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaMma, ::testing::Values(kBf16, kFp8Ue8m0, kFp8F32, kMxfp4, kNvfp4), case_name);
+
+// A row view of an FP8 weight (the grouped output projection's): rows from 100, so
+// warp tiles straddle the stored 128-row scale block boundary.
+TEST(CudaMmaCases, Fp8RowViewsUseTheStoredScaleBlocks) {
+  for (const WeightCase& c : {kFp8Ue8m0, kFp8F32}) {
+    const int64_t rows = 300, in = 1152;
+    const OwnedWeight host(random_normal(rows * in, 9), rows, in, c.format, c.dtype, c.scales);
+    DeviceWeight w = upload(host.weight());
+    for (const auto& [first, count] : {std::pair<int64_t, int64_t>{100, 77}, {136, 164}, {7, 250}}) {
+      check_against_reference(c.name, host.weight(), fp8_rows(w, first, count), first, 30);
+    }
+    release(w);
+  }
+}
+
+// MXFP4 blocks whose scale passes 2^1 (values past 12) take a second multiply: every
+// third of the first 32 rows has such blocks (so its warp takes that path), the other
+// warps none.
+TEST(CudaMmaCases, MxFp4LargeScales) {
+  const int64_t out = 93, in = 1024;
+  std::vector<float> values = random_normal(out * in, 13);
+  for (int64_t o = 0; o < out; ++o) {
+    if (o < 32 && o % 3 == 0) {
+      for (int64_t k = 0; k < in; ++k) values[o * in + k] *= (k / 32) % 2 ? 300.0f : 1e4f;
+    }
+  }
+  const OwnedWeight host(values, out, in, kMxfp4.format, kMxfp4.dtype, kMxfp4.scales);
+  DeviceWeight w = upload(host.weight());
+  check_against_reference("mxfp4 large scales", host.weight(), w, 0, 40);
+  release(w);
+}
+
+// What the tensor-core kernel does not take goes to linear() as it is: f32 weights,
+// widths that are no whole number of steps, x not 16-byte aligned. The results are
+// linear()'s, bit for bit.
+TEST(CudaMmaCases, OtherShapesGoToTheGemv) {
+  struct Case {
+    WeightCase c;
+    int64_t out, in;
+    int64_t x_offset;  // floats
+  };
+  const Case cases[] = {
+      {kF32, 37, 256, 0},   {kBf16, 37, 48, 0},   {kFp8Ue8m0, 37, 96, 0}, {kFp8F32, 61, 1120, 0},
+      {kMxfp4, 37, 64, 0},  {kNvfp4, 37, 320, 0}, {kBf16, 37, 256, 1},    {kFp8Ue8m0, 37, 256, 2},
+  };
+  for (const Case& k : cases) {
+    const OwnedWeight host(random_normal(k.out * k.in, 3), k.out, k.in, k.c.format, k.c.dtype, k.c.scales);
+    DeviceWeight w = upload(host.weight());
+    for (const int64_t tokens : {1, 9}) {
+      const std::vector<float> x = random_normal(tokens * k.in + k.x_offset, 4);
+      float* dx = device_copy(x);
+      const float* xs = dx + k.x_offset;
+      EXPECT_FALSE(linear_mma_takes(w, xs)) << k.c.name << " " << k.out << "x" << k.in;
+      float* mine = device_poisoned(tokens * k.out);
+      float* gemv = device_poisoned(tokens * k.out);
+      linear_mma(w, xs, mine, tokens);
+      linear(w, xs, gemv, tokens);
+      const std::vector<float> a = host_copy(mine, tokens * k.out), b = host_copy(gemv, tokens * k.out);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << k.c.name << " " << k.out << "x" << k.in << " tokens " << tokens;
+      std::vector<float> want(tokens * k.out);
+      keel::linear_reference(host.weight(), keel::ConstRows{x.data() + k.x_offset, tokens, k.in},
+                             keel::rows_of(std::span<float>(want), k.out));
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(a[i], want[i], 2e-4f * (1.0f + std::fabs(want[i]))) << k.c.name << " at " << i;
+      }
+      for (void* p : {static_cast<void*>(dx), static_cast<void*>(mine), static_cast<void*>(gemv)}) cudaFree(p);
+    }
+    release(w);
+  }
+}
+
+// A routed expert's table entry for the pair tests: its device weight (null data:
+// another rank's) and the host weight it views from row `first` (null without data).
+struct Expert {
+  DeviceWeight d;
+  const Weight* host = nullptr;
+  int64_t first = 0;
+};
+
+// linear_pairs_mma over `experts` (entry 0 has data: the shape's `like`) for the pairs'
+// expert ids, per_row pairs per row of random x, scratch and outputs poisoned. Each
+// pair's row: zeros for -1 and for an entry without data; otherwise within the
+// tolerance of the CPU reference (its expert over the x rows of its pairs) and, bit
+// for bit, what linear_mma gives its expert on its x row alone. `worst` keeps the
+// largest error ratio.
+void check_pairs(const char* name, const std::vector<Expert>& experts, const std::vector<int32_t>& ids, int per_row,
+                 uint32_t seed, double& worst) {
+  const int n_table = static_cast<int>(experts.size());
+  const DeviceWeight& like = experts[0].d;
+  const int64_t out = like.out, in = like.in, pairs = static_cast<int64_t>(ids.size());
+  const int64_t tokens = (pairs + per_row - 1) / per_row;
+  std::vector<DeviceWeight> entries;
+  for (const Expert& e : experts) entries.push_back(e.d);
+  DeviceWeight* dtable = device_copy(entries);
+  int32_t* dids = device_copy(ids);
+  const std::vector<float> x = random_normal(tokens * in, seed);
+  float* dx = device_copy(x);
+  float* dy = device_poisoned(pairs * out);
+  int32_t* scratch = device_poisoned<int32_t>(linear_pairs_scratch(pairs, n_table));
+  ASSERT_TRUE(linear_mma_takes(like, dx)) << name << " " << out << "x" << in;
+  linear_pairs_mma(dtable, n_table, like, dids, pairs, per_row, dx, dy, scratch);
+  const std::vector<float> got = host_copy(dy, pairs * out);
+
+  std::vector<float> want(pairs * out);
+  std::vector<double> scale(pairs * out);
+  for (int e = 0; e < n_table; ++e) {
+    if (!experts[e].host) continue;
+    std::vector<int64_t> mine;
+    for (int64_t p = 0; p < pairs; ++p) {
+      if (ids[p] == e) mine.push_back(p);
+    }
+    if (mine.empty()) continue;
+    const auto n = static_cast<int64_t>(mine.size());
+    std::vector<float> xe(n * in), ye(n * out);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x.data() + mine[i] / per_row * in, in, xe.data() + i * in);
+    keel::linear_reference(*experts[e].host, keel::rows_of(std::span<const float>(xe), in),
+                           keel::rows_of(std::span<float>(ye), out), {experts[e].first, out});
+    const std::vector<double> m = magnitudes(*experts[e].host, xe, n, experts[e].first, out);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(ye.data() + i * out, out, want.data() + mine[i] * out);
+      std::copy_n(m.data() + i * out, out, scale.data() + mine[i] * out);
+    }
+  }
+
+  const std::vector<float> zeros(out, 0.0f);
+  float* alone = device_poisoned(out);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t e = ids[p];
+    const float* row = got.data() + p * out;
+    const auto where = [&] {
+      return std::string(name) + " " + std::to_string(out) + "x" + std::to_string(in) + " table " +
+             std::to_string(n_table) + ", " + std::to_string(pairs) + " pairs, " + std::to_string(per_row) +
+             " per row: pair " + std::to_string(p) + " (expert " + std::to_string(e) + ")";
+    };
+    if (e < 0 || !experts[e].host) {
+      ASSERT_EQ(std::memcmp(row, zeros.data(), out * sizeof(float)), 0) << where() << ": not zeros";
+      continue;
+    }
+    for (int64_t o = 0; o < out; ++o) {
+      const double err = std::fabs(double{row[o]} - want[p * out + o]);
+      ASSERT_LE(err, kTolerance * scale[p * out + o])
+          << where() << " row " << o << ": got " << row[o] << ", want " << want[p * out + o];
+      worst = std::max(worst, err / scale[p * out + o]);
+    }
+    ASSERT_EQ(cudaMemset(alone, 0xff, out * sizeof(float)), cudaSuccess);
+    linear_mma(experts[e].d, dx + p / per_row * in, alone, 1);
+    const std::vector<float> one = host_copy(alone, out);
+    ASSERT_EQ(std::memcmp(one.data(), row, out * sizeof(float)), 0) << where() << ": differs from linear_mma alone";
+  }
+  for (void* q : {static_cast<void*>(dtable), static_cast<void*>(dids), static_cast<void*>(dx),
+                  static_cast<void*>(dy), static_cast<void*>(scratch), static_cast<void*>(alone)})
+    cudaFree(q);
+}
+
+// Routed-expert pairs: tables of 1, 4 and 9 experts, expert 1 another rank's (no data),
+// the last of 4 or more never routed to, ids drawn from the others and -1 (repeats
+// within a token's pairs too); 1 to 8 pairs (ungrouped: a group per pair) and 9 to 300
+// (grouped by expert), 1 or 6 per x row, so groups of one pair up to full and split
+// tiles, in both tile sizes (more than 8 pairs per entry takes the larger); shapes
+// across row blocks, k shares (1 to 8 warps) and FP8 scale blocks.
+TEST_P(CudaMma, PairsMatchCpuReferenceAndOneTokenCalls) {
+  const WeightCase& c = GetParam();
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  if (is_fp4(c)) {
+    shapes = {{261, 512}, {77, 1024}, {40, 4096}};
+  } else {
+    shapes = {{261, 320}, {77, 1152}, {40, 4096}};
+  }
+  std::mt19937 rng(17);
+  uint32_t seed = 60;
+  for (const auto& [out, in] : shapes) {
+    double worst = 0;
+    for (const int n_table : {1, 4, 9}) {
+      std::vector<std::unique_ptr<OwnedWeight>> hosts;  // weights point into their owners: never moved
+      std::vector<DeviceWeight> uploaded;
+      std::vector<Expert> experts;
+      for (int e = 0; e < n_table; ++e) {
+        hosts.push_back(std::make_unique<OwnedWeight>(random_normal(out * in, 50 + e), out, in, c.format, c.dtype,
+                                                      c.scales));
+        uploaded.push_back(upload(hosts.back()->weight()));
+        experts.push_back({uploaded.back(), &hosts.back()->weight()});
+      }
+      if (n_table > 1) experts[1] = {};  // held by another rank
+      std::vector<int32_t> routed{-1};
+      for (int e = 0; e < n_table; ++e) {
+        if (n_table < 4 || e != n_table - 1) routed.push_back(e);
+      }
+      std::uniform_int_distribution<size_t> pick(0, routed.size() - 1);
+      for (const int per_row : {1, 6}) {
+        for (const int64_t pairs : {1, 5, 8, 9, 40, 300}) {
+          std::vector<int32_t> ids(pairs);
+          for (int32_t& id : ids) id = routed[pick(rng)];
+          check_pairs(c.name, experts, ids, per_row, seed++, worst);
+          if (HasFatalFailure()) return;
+        }
+      }
+      for (DeviceWeight& w : uploaded) release(w);
+    }
+    std::printf("  %s pairs %lldx%lld: worst error %.2e of sum |x·w|\n", c.name, static_cast<long long>(out),
+                static_cast<long long>(in), worst);
+  }
+}
+
+// The grouped output projection's shape of call: row views of one FP8 weight as the
+// table (scale blocks counted from the stored row 0, views straddling them), pair
+// t·G + g through view g.
+TEST(CudaMmaCases, PairsOverFp8RowViews) {
+  for (const WeightCase& c : {kFp8Ue8m0, kFp8F32}) {
+    constexpr int kViews = 3;
+    const int64_t rows = 100, in = 1152;
+    const OwnedWeight host(random_normal(kViews * rows * in, 21), kViews * rows, in, c.format, c.dtype, c.scales);
+    DeviceWeight w = upload(host.weight());
+    std::vector<Expert> views;
+    for (int g = 0; g < kViews; ++g) views.push_back({fp8_rows(w, g * rows, rows), &host.weight(), g * rows});
+    double worst = 0;
+    for (const int64_t tokens : {1, 5, 64}) {
+      std::vector<int32_t> ids(tokens * kViews);
+      for (size_t p = 0; p < ids.size(); ++p) ids[p] = static_cast<int32_t>(p % kViews);
+      check_pairs(c.name, views, ids, 1, 70 + static_cast<uint32_t>(tokens), worst);
+      if (HasFatalFailure()) return;
+    }
+    release(w);
+    std::printf("  %s row views as pairs: worst error %.2e of sum |x·w|\n", c.name, worst);
+  }
+}
+
+// What the tensor cores do not take goes to linear_pairs, the GEMV pair form, as it
+// is: f32 weights, widths that are no whole number of steps, x not 16-byte aligned;
+// zeros for -1 and an entry without data there too.
+TEST(CudaMmaCases, PairsOfOtherShapesGoToTheGemvPairs) {
+  struct Case {
+    WeightCase c;
+    int64_t out, in;
+    int64_t x_offset;  // floats
+  };
+  const Case cases[] = {{kF32, 37, 256, 0}, {kBf16, 37, 48, 0}, {kFp8F32, 61, 1120, 0},
+                        {kMxfp4, 37, 64, 0}, {kBf16, 37, 256, 1}, {kNvfp4, 37, 256, 2}};
+  for (const Case& k : cases) {
+    constexpr int kExperts = 3, kPerRow = 2;
+    std::vector<std::unique_ptr<OwnedWeight>> hosts;
+    std::vector<DeviceWeight> table;
+    for (int e = 0; e < kExperts; ++e) {
+      hosts.push_back(std::make_unique<OwnedWeight>(random_normal(k.out * k.in, 80 + e), k.out, k.in, k.c.format,
+                                                    k.c.dtype, k.c.scales));
+      table.push_back(upload(hosts.back()->weight()));
+    }
+    std::vector<DeviceWeight> entries = table;
+    entries[1] = {};  // held by another rank
+    const std::vector<int32_t> ids{2, 0, 1, 2, -1, 0, 0, 2};
+    const auto pairs = static_cast<int64_t>(ids.size());
+    const std::vector<float> x = random_normal(pairs / kPerRow * k.in + k.x_offset, 8);
+    DeviceWeight* dtable = device_copy(entries);
+    int32_t* dids = device_copy(ids);
+    float* dx = device_copy(x);
+    const float* xs = dx + k.x_offset;
+    EXPECT_FALSE(linear_mma_takes(table[0], xs)) << k.c.name << " " << k.out << "x" << k.in;
+    float* mine = device_poisoned(pairs * k.out);
+    float* gemv = device_poisoned(pairs * k.out);
+    int32_t* scratch = device_poisoned<int32_t>(linear_pairs_scratch(pairs, kExperts));
+    linear_pairs_mma(dtable, kExperts, table[0], dids, pairs, kPerRow, xs, mine, scratch);
+    linear_pairs(dtable, kExperts, table[0], dids, pairs, kPerRow, xs, gemv, nullptr);
+    const std::vector<float> a = host_copy(mine, pairs * k.out), b = host_copy(gemv, pairs * k.out);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k.c.name << " " << k.out << "x" << k.in;
+    for (const int64_t p : {2, 4}) {
+      for (int64_t o = 0; o < k.out; ++o) ASSERT_EQ(a[p * k.out + o], 0.0f) << k.c.name << " pair " << p;
+    }
+    for (DeviceWeight& w : table) release(w);
+    for (void* q : {static_cast<void*>(dtable), static_cast<void*>(dids), static_cast<void*>(dx),
+                    static_cast<void*>(mine), static_cast<void*>(gemv), static_cast<void*>(scratch)})
+      cudaFree(q);
+  }
+}
+
+}  // namespace
+}  // namespace keel::cuda
