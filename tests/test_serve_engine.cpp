@@ -247,30 +247,42 @@ TEST(ServeEngine, PrefixCacheWithoutRoomCachesNothing) {
 }
 
 // Waiting requests are admitted by priority (lower first), arrivals in order within one.
-TEST(ServeEngine, QueueAdmitsByPriority) {
-  Engine engine(*demo().model, demo().tokenizer, {.max_running = 1});
-  std::mutex mutex;
-  std::vector<std::string> finished;
-  const auto named = [&](Outcome& out, std::string name) {
-    return [&out, &mutex, &finished, name, inner = out.sink()](GenerationEvent&& ev) mutable {
+// The order in which requests finish, by name: wraps an Outcome's sink.
+class FinishOrder {
+ public:
+  auto named(Outcome& out, std::string name) {
+    return [this, &out, name, inner = out.sink()](GenerationEvent&& ev) mutable {
       if (ev.finish != Finish::none) {
-        std::lock_guard lock(mutex);
-        finished.push_back(name);
+        std::lock_guard lock(mutex_);
+        finished_.push_back(name);
       }
       inner(std::move(ev));
     };
-  };
+  }
+  std::vector<std::string> finished() {
+    std::lock_guard lock(mutex_);
+    return finished_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> finished_;
+};
+
+TEST(ServeEngine, QueueAdmitsByPriority) {
+  Engine engine(*demo().model, demo().tokenizer, {.max_running = 1});
+  FinishOrder order;
   const auto prompt = prompt_of(kPrompts[0]);
   Outcome running, low, high, normal;
   // The running request outranks every waiting one, so none preempts it.
   ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 30, .ignore_eos = true, .priority = -5},
-                            named(running, "running")));
+                            order.named(running, "running")));
   while (running.token_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = 5}, named(low, "low")));
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true}, named(normal, "normal")));
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -3}, named(high, "high")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = 5}, order.named(low, "low")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true}, order.named(normal, "normal")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -3}, order.named(high, "high")));
   for (Outcome* o : {&running, &low, &high, &normal}) o->wait();
-  EXPECT_EQ(finished, (std::vector<std::string>{"running", "high", "normal", "low"}));
+  EXPECT_EQ(order.finished(), (std::vector<std::string>{"running", "high", "normal", "low"}));
   EXPECT_EQ(low.tokens, high.tokens);  // priority changes when, not what
 }
 
@@ -278,24 +290,14 @@ TEST(ServeEngine, QueueAdmitsByPriority) {
 // lower priority, which later finishes with exactly the tokens it would have made alone.
 TEST(ServeEngine, HighPriorityPreemptsARunningLowerOne) {
   Engine engine(*demo().model, demo().tokenizer, {.max_running = 1});
-  std::mutex mutex;
-  std::vector<std::string> finished;
-  const auto named = [&](Outcome& out, std::string name) {
-    return [&out, &mutex, &finished, name, inner = out.sink()](GenerationEvent&& ev) mutable {
-      if (ev.finish != Finish::none) {
-        std::lock_guard lock(mutex);
-        finished.push_back(name);
-      }
-      inner(std::move(ev));
-    };
-  };
+  FinishOrder order;
   const auto prompt = prompt_of(kPrompts[0]);
   Outcome low, high;
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 40, .ignore_eos = true, .priority = 2}, named(low, "low")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 40, .ignore_eos = true, .priority = 2}, order.named(low, "low")));
   while (low.token_count() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -1}, named(high, "high")));
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4, .ignore_eos = true, .priority = -1}, order.named(high, "high")));
   for (Outcome* o : {&low, &high}) o->wait();
-  EXPECT_EQ(finished, (std::vector<std::string>{"high", "low"}));
+  EXPECT_EQ(order.finished(), (std::vector<std::string>{"high", "low"}));
   EXPECT_GE(engine.stats().preemptions, 1u);
   EXPECT_EQ(low.tokens, reference(prompt, 40, {}, /*ignore_eos=*/true));
 }

@@ -25,6 +25,28 @@ std::vector<DeviceInfo> devices() {
 
 namespace {
 
+// Seconds of the fastest of `runs` calls of `work` (work enqueued on the default stream),
+// timed with CUDA events after one call that warms up.
+template <typename Work>
+double best_seconds(int runs, Work&& work) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  float best_ms = 1e30f;
+  for (int r = 0; r < runs + 1; ++r) {
+    check(cudaEventRecord(start), "cudaEventRecord");
+    work();
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (r > 0) best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best_ms * 1e-3;
+}
+
 constexpr int kMmaChains = 8;      // independent accumulators per warp: enough to fill the pipes
 constexpr int kMmaSteps = 4096;   // mma rounds per warp
 
@@ -61,25 +83,12 @@ double mma_bf16_throughput(int device, int runs) {
   const int blocks = p.multiProcessorCount * 8, threads = 128;
   float* out = nullptr;
   check(cudaMalloc(&out, sizeof(float) * blocks * threads), "cudaMalloc");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  float best_ms = 1e30f;
-  for (int r = 0; r < runs + 1; ++r) {  // the first run warms up
-    check(cudaEventRecord(start), "cudaEventRecord");
+  const double seconds = best_seconds(runs, [&] {
     mma_loop<<<blocks, threads>>>(out);
     check(cudaGetLastError(), "mma_loop launch");
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (r > 0) best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  });
   cudaFree(out);
-  const double flops = 2.0 * 16 * 8 * 16 * kMmaChains * double{kMmaSteps} * blocks * (threads / kWarp);
-  return flops / (best_ms * 1e-3);
+  return 2.0 * 16 * 8 * 16 * kMmaChains * double{kMmaSteps} * blocks * (threads / kWarp) / seconds;
 }
 
 MemoryInfo memory_info(int device) {
@@ -95,24 +104,11 @@ double copy_bandwidth(int device, uint64_t bytes, int runs) {
   check(cudaMalloc(&a, bytes), "cudaMalloc");
   check(cudaMalloc(&b, bytes), "cudaMalloc");
   check(cudaMemset(a, 1, bytes), "cudaMemset");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  float best_ms = 1e30f;
-  for (int r = 0; r < runs + 1; ++r) {  // the first copy warms up
-    check(cudaEventRecord(start), "cudaEventRecord");
-    check(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (r > 0) best_ms = std::min(best_ms, ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const double seconds =
+      best_seconds(runs, [&] { check(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy"); });
   cudaFree(a);
   cudaFree(b);
-  return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+  return 2.0 * static_cast<double>(bytes) / seconds;
 }
 
 }  // namespace keel::cuda
