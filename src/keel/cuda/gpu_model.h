@@ -5,11 +5,13 @@
 // the reference it is tested against (tests/gpu/test_gpu_model.cpp).
 //
 // Several sequences run as one batch: projections, experts, mHC and the head run over
-// the rows of every chunk at once (each weight read once per step), while keys,
-// compressors, indexer and attention run per sequence on its own state.
+// the rows of every chunk at once (each weight read once per step); attention and the
+// indexer run in one launch over all rows, each row reading its own sequence's keys;
+// compressors that close a window run per sequence.
 //
-// What is not here yet: tensor-core GEMM for many rows, attention over several
-// sequences in one launch (needs the paged key pool), CUDA graphs, and MTP.
+// What is not here yet: tensor-core attention for prefill (the decode kernel runs per
+// query token), sampling on the device (logits are copied back), CUDA graphs, paged
+// state, and MTP.
 #pragma once
 
 #include <cuda_runtime_api.h>
