@@ -16,6 +16,7 @@
 #include "ops/moe.h"
 #include "ops/rope.h"
 #include "ops/sampling.h"
+#include "ops/sampling_noise.h"
 #include "quant/fp8_block.h"
 #include "quant/mxfp4.h"
 #include "quant/nvfp4.h"
@@ -270,6 +271,101 @@ TEST(Sampling, SameSeedSameTokens) {
   const std::vector<float> logits = random_normal(50, 9);
   Sampler a({.temperature = 0.9f, .top_p = 0.95f, .seed = 42}), b({.temperature = 0.9f, .top_p = 0.95f, .seed = 42});
   for (int i = 0; i < 100; ++i) ASSERT_EQ(a.next(logits), b.next(logits));
+}
+
+// The noise's logarithm is built from exactly rounded operations so the host and the
+// GPU agree bit for bit; it must still be a logarithm.
+TEST(Sampling, ExactLogIsALogarithm) {
+  float worst = 0;
+  for (float x = 1e-7f; x < 1e7f; x *= 1.0137f) {
+    const double want = std::log(static_cast<double>(x));
+    worst = std::max(worst, static_cast<float>(std::fabs(exact_log(x) - want) / std::max(1.0, std::fabs(want))));
+  }
+  EXPECT_LT(worst, 4e-7f);
+  EXPECT_EQ(exact_log(1.0f), 0.0f);
+}
+
+// Gumbel noise has mean γ (Euler–Mascheroni) and variance π²/6; draws and tokens are
+// independent streams.
+TEST(Sampling, NoiseIsStandardGumbel) {
+  double sum = 0, squares = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double g = gumbel_noise(7, static_cast<uint64_t>(i / 1000), i % 1000);
+    sum += g;
+    squares += g * g;
+  }
+  const double mean = sum / n, variance = squares / n - mean * mean;
+  EXPECT_NEAR(mean, 0.5772157, 0.01);
+  EXPECT_NEAR(variance, 1.6449341, 0.02);
+  EXPECT_NE(gumbel_noise(7, 0, 1), gumbel_noise(7, 1, 0));
+  EXPECT_NE(gumbel_noise(7, 0, 1), gumbel_noise(8, 0, 1));
+}
+
+// A summary with only the candidates a choice needs gives the token the whole sorted
+// row gives, for every filter; and sampling over the whole row (no top-k or top-p)
+// gives the token top_k = vocab gives, whose keys are the same noise over the same set.
+TEST(Sampling, ChoosingFromCandidatesEqualsChoosingFromTheWholeRow) {
+  const int64_t vocab = 3000;
+  int compared = 0;
+  for (uint32_t trial = 0; trial < 40; ++trial) {
+    std::vector<float> logits = random_normal(vocab, 100 + trial, 2.0f + static_cast<float>(trial % 4));
+    if (trial % 5 == 0) {
+      for (float& v : logits) v = std::round(v * 2) / 2;  // many ties
+    }
+    const std::vector<SamplingParams> cases{
+        {.temperature = 0.0f},
+        {.temperature = 0.7f, .seed = trial},
+        {.temperature = 1.0f, .top_k = 40, .seed = trial},
+        {.temperature = 1.3f, .top_p = 0.9f, .seed = trial},
+        {.temperature = 0.8f, .top_k = 100, .top_p = 0.8f, .min_p = 0.05f, .seed = trial},
+        {.temperature = 1.0f, .min_p = 0.1f, .seed = trial},
+        {.temperature = 2.0f, .top_p = 0.5f, .min_p = 0.02f, .seed = trial},
+    };
+    for (const SamplingParams& p : cases) {
+      for (uint64_t draw = 0; draw < 3; ++draw) {
+        const RowSummary all = summarize(logits, summary_task(p, draw, static_cast<int>(vocab)));
+        const RowSummary few = summarize_for(logits, {p, draw, 1});
+        ASSERT_TRUE(summary_suffices(p, few));
+        ASSERT_EQ(choose(p, draw, few), choose(p, draw, all)) << "trial " << trial << " draw " << draw;
+        if (p.temperature > 0 && p.top_k == 0 && p.top_p == 1.0f) {
+          SamplingParams every = p;
+          every.top_k = static_cast<int>(vocab);
+          ASSERT_EQ(choose(p, draw, few), choose(every, draw, all)) << "trial " << trial;
+        }
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 40 * 7 * 3);
+}
+
+// A top-p whose mass the listed candidates do not reach asks for the whole row.
+TEST(Sampling, TopPBeyondTheCandidatesNeedsTheWholeRow) {
+  const std::vector<float> flat(5000, 0.0f);
+  const SamplingParams p{.temperature = 1.0f, .top_p = 0.9f};
+  const RowSummary some = summarize(flat, summary_task(p, 0, candidates_needed(p)));
+  EXPECT_EQ(some.ids.size(), static_cast<size_t>(kMaxCandidates));
+  EXPECT_FALSE(summary_suffices(p, some));
+  const RowSummary all = summarize_for(flat, {p, 0, 1});
+  EXPECT_EQ(all.ids.size(), flat.size());
+  EXPECT_TRUE(summary_suffices(p, all));
+}
+
+// Logprobs from a summary are ln softmax, for candidates and for the whole-row pick.
+TEST(Sampling, SummaryLogprobsAreLogSoftmax) {
+  const std::vector<float> logits = random_normal(500, 21, 3.0f);
+  double z = 0;
+  for (float v : logits) z += std::exp(static_cast<double>(v));
+  const SamplingParams p{.temperature = 1.0f, .seed = 5};
+  const RowSummary s = summarize_for(logits, {p, 0, 5});
+  ASSERT_EQ(s.ids.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(logprob_of(s, s.ids[i]), logits[s.ids[i]] - std::log(z), 1e-5);
+    if (i) EXPECT_GE(s.logits[i - 1], s.logits[i]);
+  }
+  ASSERT_GE(s.whole_pick, 0);
+  EXPECT_NEAR(logprob_of(s, s.whole_pick), logits[s.whole_pick] - std::log(z), 1e-5);
 }
 
 TEST(Sampling, RejectsBadParameters) {

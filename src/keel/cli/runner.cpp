@@ -43,8 +43,11 @@ class GpuExecutor final : public Executor {
   std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
                                                 LogitRows rows) const override {
     std::vector<cuda::DeviceChunk> chunks;
-    for (const SequenceChunk& c : batch) chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens});
-    return model_->forward(chunks, rows);
+    return model_->forward(device_chunks(batch), rows);
+  }
+  std::vector<std::optional<RowSummary>> forward_choices(
+      std::span<const SequenceChunk> batch, std::span<const std::optional<RowChoice>> choices) const override {
+    return model_->forward(device_chunks(batch), choices);
   }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
@@ -58,6 +61,12 @@ class GpuExecutor final : public Executor {
   std::map<std::string, double> profile() const override { return model_->profile(); }
 
  private:
+  static std::vector<cuda::DeviceChunk> device_chunks(std::span<const SequenceChunk> batch) {
+    std::vector<cuda::DeviceChunk> chunks;
+    for (const SequenceChunk& c : batch) chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens});
+    return chunks;
+  }
+
   std::unique_ptr<cuda::GpuModel> model_;
   int index_;
   std::string name_;
@@ -94,11 +103,11 @@ class ParallelExecutor final : public Executor {
   }
   std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
                                                 LogitRows rows) const override {
-    std::vector<parallel::ExpertParallelModel::Chunk> chunks;
-    for (const SequenceChunk& c : batch) {
-      chunks.push_back({&static_cast<ParallelSequence*>(c.sequence)->sequence, c.tokens});
-    }
-    return model_->forward(chunks, rows);
+    return model_->forward(rank_chunks(batch), rows);
+  }
+  std::vector<std::optional<RowSummary>> forward_choices(
+      std::span<const SequenceChunk> batch, std::span<const std::optional<RowChoice>> choices) const override {
+    return model_->forward(rank_chunks(batch), choices);
   }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override {
@@ -121,6 +130,14 @@ class ParallelExecutor final : public Executor {
   std::map<std::string, double> profile() const override { return model_->rank(0).profile(); }
 
  private:
+  static std::vector<parallel::ExpertParallelModel::Chunk> rank_chunks(std::span<const SequenceChunk> batch) {
+    std::vector<parallel::ExpertParallelModel::Chunk> chunks;
+    for (const SequenceChunk& c : batch) {
+      chunks.push_back({&static_cast<ParallelSequence*>(c.sequence)->sequence, c.tokens});
+    }
+    return chunks;
+  }
+
   std::unique_ptr<parallel::ExpertParallelModel> model_;
 };
 #endif

@@ -21,6 +21,7 @@
 #include "cuda/moe.h"
 #include "cuda/moe_routing.h"
 #include "cuda/norm.h"
+#include "cuda/sampling.h"
 
 namespace keel::cuda {
 
@@ -38,6 +39,7 @@ struct GpuModel::Kernels {
   decltype(&cuda::hyper_mix) mix = nullptr;
   decltype(&cuda::rms_norm) norm = nullptr;
   decltype(&cuda::route) routing = nullptr;
+  decltype(&cuda::summarize_rows) sample = nullptr;  // null: the host summarizes (the plan's "host" sampler)
   std::vector<const KernelInfo*> used;
 
   void check(Arch running) const {
@@ -74,6 +76,12 @@ GpuModel::Kernels bind_layer(const Plan& plan, int layer) {
   GpuModel::Kernels k;
   bind_common(k, plan, layer, ModelRole::target);
   bind_entry(k.used, plan, layer, ModelRole::target, Op::moe_routing, k.routing);
+  // Sampling is the device kernel when the plan chose it; the plan's "host" sampler is
+  // the CPU's over rows copied back.
+  const PlanEntry* sampling = layer < 0 ? plan.find(layer, ModelRole::target, Op::sampling) : nullptr;
+  if (sampling && sampling->kernel->has_entry<decltype(cuda::summarize_rows)>()) {
+    bind_entry(k.used, plan, layer, ModelRole::target, Op::sampling, k.sample);
+  }
   return k;
 }
 
@@ -211,22 +219,24 @@ struct GpuModel::Layer {
   DeviceExpert shared;
 };
 
-// Page-locked host memory for the logits copied back, grown as needed.
-struct PinnedFloats {
-  float* data = nullptr;
+// Page-locked host memory for what comes back (logits, sampling summaries), grown as
+// needed.
+template <typename T>
+struct Pinned {
+  T* data = nullptr;
   size_t size = 0;
-  PinnedFloats() = default;
-  PinnedFloats(const PinnedFloats&) = delete;
-  PinnedFloats& operator=(const PinnedFloats&) = delete;
-  ~PinnedFloats() {
+  Pinned() = default;
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  ~Pinned() {
     if (data) cudaFreeHost(data);
   }
-  float* grow(size_t n) {
+  T* grow(size_t n) {
     if (n > size) {
       if (data) cudaFreeHost(data);
       data = nullptr;
       size = 0;
-      check_api(cudaMallocHost(reinterpret_cast<void**>(&data), n * sizeof(float)), "cudaMallocHost");
+      check_api(cudaMallocHost(reinterpret_cast<void**>(&data), n * sizeof(T)), "cudaMallocHost");
       size = n;
     }
     return data;
@@ -235,7 +245,9 @@ struct PinnedFloats {
 
 // Intermediate buffers, grown as needed and kept between calls.
 struct GpuModel::Workspace {
-  PinnedFloats logits_host;
+  Pinned<float> logits_host;
+  Pinned<RowTotals> totals_host;
+  Pinned<int32_t> ids_host;
   Staging stage;
   std::unique_ptr<StageTimer> timer;  // when profiling
   DeviceBuffer<int32_t> tokens;
@@ -249,6 +261,10 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
   DeviceBuffer<const float*> key_rows, index_key_rows;
   DeviceBuffer<CopyJob> copy_jobs;
+  DeviceBuffer<SummaryTask> sample_tasks;
+  DeviceBuffer<RowTotals> sample_totals;
+  DeviceBuffer<int32_t> sample_ids;
+  DeviceBuffer<float> sample_values;
 };
 
 namespace {
@@ -838,24 +854,26 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
   return std::move(forward(std::span(&chunk, 1), rows).front());
 }
 
-std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> batch, LogitRows which) const {
+int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows) const {
   const ModelConfig& c = config();
   // Every chunk is checked before any state changes: a bad one fails the call alone.
   std::vector<Part> parts;
   std::vector<int32_t> tokens;
   std::vector<int64_t> positions;
-  for (const DeviceChunk& chunk : batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const DeviceChunk& chunk = batch[i];
     if (!chunk.sequence) fail(ErrorCode::usage, {}, "a batched forward chunk has no sequence");
     for (const Part& p : parts) {
       if (p.sequence == chunk.sequence) fail(ErrorCode::usage, {}, "a sequence appears twice in one batched forward");
     }
     check_tokens(c, chunk.sequence->length, chunk.tokens);
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    if (head_rows[i] < 0 || head_rows[i] > n) fail(ErrorCode::usage, {}, "a chunk's logit rows are not among its tokens");
     parts.push_back({chunk.sequence, chunk.sequence->length, static_cast<int64_t>(tokens.size()), n});
     tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
     for (int64_t t = 0; t < n; ++t) positions.push_back(chunk.sequence->length + t);
   }
-  if (parts.empty()) return {};
+  if (parts.empty()) return 0;
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
   const HyperParams hp = hyper_params(c);
@@ -863,7 +881,7 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
   const Kernels& top = *top_kernels_;
   top.check(plan_.arch);
 
-  ws.stage.reset();  // the last call's copies are done: it ended with a synchronizing copy
+  ws.stage.reset();  // the last call's copies are done: every call ends by synchronizing
   ws.stage.upload(ws.tokens, std::span<const int32_t>(tokens), stream_);
   ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
   grow(ws.streams, S * hp.hc * D);
@@ -881,25 +899,31 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
   }
   for (const Part& p : parts) p.sequence->length += p.count;
 
-  // The rows that get logits: all, or each chunk's last (gathered when not contiguous).
-  if (ws.timer) ws.timer->mark("head: hc_head, norm, lm_head, copy back", stream_);
+  // The rows that get logits: each chunk's last head_rows, gathered unless they are
+  // every row (one copy launch for all chunks).
+  if (ws.timer) ws.timer->mark("head: hc_head, norm, lm_head", stream_);
   const int64_t row_floats = hp.hc * D;
+  std::vector<CopyJob> jobs;
+  int64_t n = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    if (head_rows[i] == 0) continue;
+    jobs.push_back({nullptr, ws.streams.data() + (p.row + p.count - head_rows[i]) * row_floats, head_rows[i] * row_floats});
+    n += head_rows[i];
+  }
+  if (n == 0) return 0;
   const float* head_streams = ws.streams.data();
-  int64_t n = S;
-  if (which == LogitRows::last) {
-    n = static_cast<int64_t>(parts.size());
-    if (n == 1) {
-      head_streams += (S - 1) * row_floats;
-    } else {
-      float* gathered = grow(ws.head_streams, n * row_floats);
-      for (int64_t i = 0; i < n; ++i) {
-        const Part& p = parts[i];
-        check_api(cudaMemcpyAsync(gathered + i * row_floats, ws.streams.data() + (p.row + p.count - 1) * row_floats,
-                                  row_floats * kF, cudaMemcpyDeviceToDevice, stream_),
-                  "cudaMemcpyAsync");
-      }
-      head_streams = gathered;
+  if (n != S) {
+    float* gathered = grow(ws.head_streams, n * row_floats);
+    int64_t longest = 0;
+    for (CopyJob& j : jobs) {
+      j.dst = gathered;
+      gathered += j.count;
+      longest = std::max(longest, j.count);
     }
+    ws.stage.upload(ws.copy_jobs, std::span<const CopyJob>(jobs), stream_);
+    copy_batch(ws.copy_jobs.data(), static_cast<int64_t>(jobs.size()), longest, stream_);
+    head_streams = ws.head_streams.data();
   }
   float* h = grow(ws.head_in, n * D);
   float* head_scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, n));
@@ -907,23 +931,105 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
   top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
   grow(ws.logits, n * V);
   top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), n, stream_);
+  return n;
+}
+
+void GpuModel::end_call() const {
+  Workspace& ws = *work_;
+  if (ws.timer) ws.timer->mark("end", stream_);
+  check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (ws.timer) ws.timer->collect(profile_);
+}
+
+const float* GpuModel::copy_back_logits(int64_t rows) const {
+  Workspace& ws = *work_;
+  if (ws.timer) ws.timer->mark("logits copy back", stream_);
   // Through pinned memory: a pageable copy back runs at a fraction of the link's speed,
   // and a batch's logits are large (256 rows of a 129K vocabulary: 132 MB).
-  const float* logits = ws.logits_host.grow(static_cast<size_t>(n * V));
-  check_api(cudaMemcpyAsync(ws.logits_host.data, ws.logits.data(), n * V * kF, cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync");
-  check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  if (ws.timer) {
-    ws.timer->mark("end", stream_);
-    check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    ws.timer->collect(profile_);
+  const size_t floats = static_cast<size_t>(rows * config().vocab_size);
+  float* host = ws.logits_host.grow(floats);
+  check_api(cudaMemcpyAsync(host, ws.logits.data(), floats * kF, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  end_call();
+  return host;
+}
+
+std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> batch, LogitRows which) const {
+  std::vector<int64_t> head_rows;
+  for (const DeviceChunk& chunk : batch) {
+    head_rows.push_back(which == LogitRows::last ? std::min<int64_t>(1, static_cast<int64_t>(chunk.tokens.size()))
+                                                 : static_cast<int64_t>(chunk.tokens.size()));
   }
+  const int64_t n = run(batch, head_rows);
+  const int64_t V = config().vocab_size;
+  const float* logits = n ? copy_back_logits(n) : nullptr;
+  if (!n && !batch.empty()) end_call();
   std::vector<std::vector<float>> out;
   int64_t row = 0;
-  for (const Part& p : parts) {
-    const int64_t rows = which == LogitRows::last ? 1 : p.count;
+  for (const int64_t rows : head_rows) {
     out.emplace_back(logits + row * V, logits + (row + rows) * V);
     row += rows;
+  }
+  return out;
+}
+
+std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceChunk> batch,
+                                                         std::span<const std::optional<RowChoice>> choices) const {
+  if (choices.size() != batch.size()) fail(ErrorCode::usage, {}, "a batched forward needs one choice (or none) per chunk");
+  std::vector<int64_t> head_rows;
+  std::vector<size_t> chosen;  // the chunks with a choice, in row order
+  for (size_t i = 0; i < batch.size(); ++i) {
+    head_rows.push_back(choices[i] && !batch[i].tokens.empty() ? 1 : 0);
+    if (head_rows.back()) chosen.push_back(i);
+  }
+  const int64_t n = run(batch, head_rows), V = config().vocab_size;
+  std::vector<std::optional<RowSummary>> out(batch.size());
+  if (n == 0) {
+    if (!batch.empty()) end_call();
+    return out;
+  }
+  const Kernels& top = *top_kernels_;
+  if (!top.sample) {  // the plan chose the host sampler: every row comes back
+    const float* logits = copy_back_logits(n);
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      out[chosen[j]] = summarize_for(std::span(logits + j * V, V), *choices[chosen[j]]);
+    }
+    return out;
+  }
+  Workspace& ws = *work_;
+  if (ws.timer) ws.timer->mark("sampling summaries", stream_);
+  std::vector<SummaryTask> tasks;
+  int stride = 1;
+  for (const size_t i : chosen) {
+    tasks.push_back(summary_task(*choices[i]));
+    tasks.back().candidates = std::min(tasks.back().candidates, kMaxCandidates);
+    stride = std::max(stride, tasks.back().candidates);
+  }
+  ws.stage.upload(ws.sample_tasks, std::span<const SummaryTask>(tasks), stream_);
+  ws.sample_totals.resize(static_cast<size_t>(n));
+  ws.sample_ids.resize(static_cast<size_t>(n * stride));
+  ws.sample_values.resize(static_cast<size_t>(n * stride));
+  top.sample(ws.logits.data(), n, V, ws.sample_tasks.data(), stride, ws.sample_totals.data(), ws.sample_ids.data(),
+             ws.sample_values.data(), stream_);
+  RowTotals* totals = ws.totals_host.grow(static_cast<size_t>(n));
+  int32_t* ids = ws.ids_host.grow(static_cast<size_t>(n * stride));
+  float* values = ws.logits_host.grow(static_cast<size_t>(n * stride));
+  check_api(cudaMemcpyAsync(totals, ws.sample_totals.data(), n * sizeof(RowTotals), cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
+  check_api(cudaMemcpyAsync(ids, ws.sample_ids.data(), n * stride * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
+  check_api(cudaMemcpyAsync(values, ws.sample_values.data(), n * stride * kF, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
+  end_call();
+  std::vector<float> row;
+  for (size_t j = 0; j < chosen.size(); ++j) {
+    const RowChoice& choice = *choices[chosen[j]];
+    RowSummary s = row_summary(totals[j], ids + j * stride, values + j * stride, V);
+    if (!summary_suffices(choice.params, s)) {  // rare: a top-p mass beyond the candidates
+      row.resize(static_cast<size_t>(V));
+      check_api(cudaMemcpy(row.data(), ws.logits.data() + j * V, V * kF, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      s = summarize_for(row, choice);
+    }
+    out[chosen[j]] = std::move(s);
   }
   return out;
 }

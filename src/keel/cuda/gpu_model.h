@@ -10,8 +10,7 @@
 // compressors that close a window run per sequence.
 //
 // What is not here yet: tensor-core attention for prefill (the decode kernel runs per
-// query token), sampling on the device (logits are copied back), CUDA graphs, paged
-// state, and MTP.
+// query token), CUDA graphs, paged state, and MTP.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +28,7 @@
 #include "cuda/linear.h"
 #include "cuda/rope.h"
 #include "model/model.h"
+#include "ops/sampling.h"
 #include "plan/expert_split.h"
 
 namespace keel::cuda {
@@ -107,6 +107,13 @@ class GpuModel {
   // same, bit for bit, as when it runs alone: every kernel computes a row the same way
   // whatever the other rows are.
   std::vector<std::vector<float>> forward(std::span<const DeviceChunk> batch, LogitRows rows = LogitRows::all) const;
+  // Several sequences in one call for choosing tokens (Executor::forward_choices): the
+  // head runs only for the chunks with a choice, and their last rows are summarized on
+  // the device by the planned sampling kernel, so only the summaries come back. A row
+  // whose summary does not suffice (a top-p mass beyond the candidates), and every row
+  // when the plan chose the host sampler, is copied back and summarized here.
+  std::vector<std::optional<RowSummary>> forward(std::span<const DeviceChunk> batch,
+                                                 std::span<const std::optional<RowChoice>> choices) const;
 
   // Time per stage of the forward pass, summed over the calls since profiling was
   // turned on (CUDA events around each stage; off by default: they cost ~1 us each).
@@ -119,6 +126,16 @@ class GpuModel {
 
  private:
   explicit GpuModel(const Model& host);  // in the .cpp, where the member types are complete
+  // Runs the batch through the layers, then the head for the last head_rows[i] rows of
+  // chunk i (0: none), leaving their logits in the workspace in chunk order; returns
+  // how many rows that is. The stream is not synchronized.
+  int64_t run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows) const;
+  // Copies `rows` rows of logits back and ends the call; the host pointer lives until
+  // the next call.
+  const float* copy_back_logits(int64_t rows) const;
+  // Synchronizes the stream (the next call reuses the staging memory) and collects the
+  // profile.
+  void end_call() const;
 
   const Model& host_;
   Plan plan_;

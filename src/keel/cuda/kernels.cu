@@ -10,6 +10,7 @@
 #include "cuda/moe_routing.h"
 #include "cuda/norm.h"
 #include "cuda/rope.h"
+#include "cuda/sampling.h"
 
 // One call per CUDA kernel family.
 extern "C" void keel_register_cuda_kernels(keel::Registry& registry) {
@@ -23,4 +24,5 @@ extern "C" void keel_register_cuda_kernels(keel::Registry& registry) {
   keel::cuda::register_compressor(registry);
   keel::cuda::register_indexer(registry);
   keel::cuda::register_moe_routing(registry);
+  keel::cuda::register_sampling(registry);
 }

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <fmt/format.h>
 
+#include "base/error.h"
+
 namespace keel {
 namespace {
 
@@ -21,6 +23,17 @@ std::vector<std::vector<float>> Executor::forward_batch(std::span<const Sequence
   std::vector<std::vector<float>> logits;
   for (const SequenceChunk& chunk : batch) logits.push_back(forward(*chunk.sequence, chunk.tokens, rows));
   return logits;
+}
+
+std::vector<std::optional<RowSummary>> Executor::forward_choices(std::span<const SequenceChunk> batch,
+                                                                 std::span<const std::optional<RowChoice>> choices) const {
+  if (choices.size() != batch.size()) fail(ErrorCode::usage, {}, "forward_choices: one choice (or none) per chunk");
+  const std::vector<std::vector<float>> logits = forward_batch(batch, LogitRows::last);
+  std::vector<std::optional<RowSummary>> out(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (choices[i]) out[i] = summarize_for(logits[i], *choices[i]);
+  }
+  return out;
 }
 
 std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {

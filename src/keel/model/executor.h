@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "ops/sampling.h"
 
 namespace keel {
 
@@ -44,6 +45,13 @@ class Executor {
   // another; the GPU executors run them as one batch, reading each weight once.
   virtual std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
                                                         LogitRows rows = LogitRows::all) const;
+  // A batched forward for choosing tokens: each chunk's last row reduced to what
+  // choose() needs (ops/sampling.h), for the chunks with a choice; the others (a
+  // prompt's middle chunks) get no logits at all. This one summarizes forward_batch's
+  // rows on the host; the GPU executors summarize on the device, so only the summaries
+  // come back.
+  virtual std::vector<std::optional<RowSummary>> forward_choices(std::span<const SequenceChunk> batch,
+                                                                 std::span<const std::optional<RowChoice>> choices) const;
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
 

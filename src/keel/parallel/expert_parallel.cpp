@@ -109,20 +109,21 @@ std::vector<float> ExpertParallelModel::forward(Sequence& seq, std::span<const i
   return std::move(forward(std::span(&chunk, 1), rows).front());
 }
 
-std::vector<std::vector<float>> ExpertParallelModel::forward(std::span<const Chunk> batch, LogitRows rows) {
+template <typename Result, typename Call>
+Result ExpertParallelModel::on_every_rank(std::span<const Chunk> batch, const Call& call) {
   const int n = gpus();
   for (const Chunk& c : batch) {
     if (!c.sequence || static_cast<int>(c.sequence->ranks.size()) != n) {
       fail(ErrorCode::usage, {}, "a batched forward chunk needs a sequence from this model");
     }
   }
-  std::vector<std::vector<std::vector<float>>> logits(n);
+  std::vector<Result> results(n);
   std::vector<std::exception_ptr> errors(n);
   const auto run = [&](int r) {
     try {
       std::vector<cuda::DeviceChunk> chunks;
       for (const Chunk& c : batch) chunks.push_back({&c.sequence->ranks[r], c.tokens});
-      logits[r] = ranks_[r]->forward(chunks, rows);
+      results[r] = call(*ranks_[r], std::span<const cuda::DeviceChunk>(chunks));
     } catch (...) {
       errors[r] = std::current_exception();
     }
@@ -135,7 +136,18 @@ std::vector<std::vector<float>> ExpertParallelModel::forward(std::span<const Chu
     if (e) std::rethrow_exception(e);
   }
   comm_seconds_ += comms_->take_seconds();  // rank 0's stream was synchronized by its forward
-  return std::move(logits[0]);
+  return std::move(results[0]);
+}
+
+std::vector<std::vector<float>> ExpertParallelModel::forward(std::span<const Chunk> batch, LogitRows rows) {
+  return on_every_rank<std::vector<std::vector<float>>>(
+      batch, [&](const cuda::GpuModel& m, std::span<const cuda::DeviceChunk> chunks) { return m.forward(chunks, rows); });
+}
+
+std::vector<std::optional<RowSummary>> ExpertParallelModel::forward(std::span<const Chunk> batch,
+                                                                    std::span<const std::optional<RowChoice>> choices) {
+  return on_every_rank<std::vector<std::optional<RowSummary>>>(
+      batch, [&](const cuda::GpuModel& m, std::span<const cuda::DeviceChunk> chunks) { return m.forward(chunks, choices); });
 }
 
 std::string ExpertParallelModel::layout() const {

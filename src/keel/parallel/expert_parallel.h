@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ class ExpertParallelModel {
     std::span<const int32_t> tokens;
   };
   std::vector<std::vector<float>> forward(std::span<const Chunk> batch, LogitRows rows = LogitRows::all);
+  // GpuModel's forward for choosing tokens, on every rank; rank 0's summaries.
+  std::vector<std::optional<RowSummary>> forward(std::span<const Chunk> batch,
+                                                 std::span<const std::optional<RowChoice>> choices);
 
   int gpus() const { return static_cast<int>(ranks_.size()); }
   cuda::GpuModel& rank(int r) { return *ranks_[r]; }
@@ -63,6 +67,10 @@ class ExpertParallelModel {
 
  private:
   ExpertParallelModel() = default;
+  // Runs call(rank's model, the batch's chunks of that rank) on every rank at once (one
+  // thread each: their collectives meet), returning rank 0's result.
+  template <typename Result, typename Call>
+  Result on_every_rank(std::span<const Chunk> batch, const Call& call);
   std::vector<std::unique_ptr<cuda::GpuModel>> ranks_;
   std::unique_ptr<Comms> comms_;
   double comm_seconds_ = 0;

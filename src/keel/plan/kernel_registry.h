@@ -75,6 +75,10 @@ struct KernelInfo {
     return *this;
   }
   template <typename Fn>
+  bool has_entry() const {
+    return entry != nullptr && *signature == typeid(Fn*);
+  }
+  template <typename Fn>
   Fn* entry_as() const {
     if (entry == nullptr || *signature != typeid(Fn*)) wrong_signature();
     return reinterpret_cast<Fn*>(entry);

@@ -60,21 +60,12 @@ size_t stop_holdback(const std::string& text, const std::vector<std::string>& st
   return keep;
 }
 
-TokenLogprob logprobs_of(std::span<const float> logits, int32_t chosen, int top) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v - max));
-  const float log_z = max + static_cast<float>(std::log(sum));
-  TokenLogprob out{.id = chosen, .logprob = logits[chosen] - log_z};
-  if (top > 0) {
-    std::vector<int32_t> ids(logits.size());
-    std::iota(ids.begin(), ids.end(), 0);
-    const size_t k = std::min<size_t>(top, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    });
-    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], logits[ids[i]] - log_z);
-  }
+// The chosen token's logprob and the `top` most likely, from the row's summary (which
+// lists at least that many candidates).
+TokenLogprob logprobs_of(const RowSummary& row, int32_t chosen, int top) {
+  TokenLogprob out{.id = chosen, .logprob = logprob_of(row, chosen)};
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), row.ids.size());
+  for (size_t i = 0; i < k; ++i) out.top.emplace_back(row.ids[i], row.logits[i] - row.log_z);
   return out;
 }
 
@@ -168,7 +159,7 @@ void Engine::finish(Active& a, Finish why, std::string error) {
   a.sink(std::move(ev));
 }
 
-void Engine::emit_token(Active& a, int32_t token, const std::vector<float>& logits) {
+void Engine::emit_token(Active& a, int32_t token, const RowSummary& row) {
   const auto now = Clock::now();
   ++a.generated;
   a.tokens.push_back(token);
@@ -181,7 +172,7 @@ void Engine::emit_token(Active& a, int32_t token, const std::vector<float>& logi
   a.last_token = now;
 
   GenerationEvent ev{.token = token};
-  if (a.request.top_logprobs >= 0) ev.logprob = logprobs_of(logits, token, a.request.top_logprobs);
+  if (a.request.top_logprobs >= 0) ev.logprob = logprobs_of(row, token, a.request.top_logprobs);
   Finish why = Finish::none;
   bool stop_string = false;
   if (!a.request.ignore_eos && token == model_.config().eos_token_id) {
@@ -347,11 +338,21 @@ bool Engine::step() {
     metrics_.step_tokens.observe(limits_.step_tokens - budget);
   }
   // One batched forward for the whole step: every weight is read once for all requests.
+  // The chunks that end a request's known tokens get a choice; only their rows' sampling
+  // summaries come back.
   std::vector<SequenceChunk> chunks;
-  for (auto& [a, n] : work) chunks.push_back({a->sequence.get(), std::span(a->tokens).subspan(a->done_tokens(), n)});
-  std::vector<std::vector<float>> logits;
+  std::vector<std::optional<RowChoice>> choices;
+  for (auto& [a, n] : work) {
+    chunks.push_back({a->sequence.get(), std::span(a->tokens).subspan(a->done_tokens(), n)});
+    if (a->done_tokens() + n == static_cast<int64_t>(a->tokens.size())) {
+      choices.push_back(RowChoice{a->request.sampling, a->sampler.draws(), std::max(1, a->request.top_logprobs)});
+    } else {
+      choices.emplace_back();
+    }
+  }
+  std::vector<std::optional<RowSummary>> rows;
   try {
-    logits = executor_->forward_batch(chunks, LogitRows::last);
+    rows = executor_->forward_choices(chunks, choices);
   } catch (const std::exception& e) {
     // The step's sequences may be part-way through it: their requests end with the
     // error; the other running requests go on.
@@ -361,7 +362,7 @@ bool Engine::step() {
   for (size_t i = 0; i < work.size(); ++i) {
     Active& a = *work[i].first;
     remember_prefix(a);
-    if (a.done_tokens() == static_cast<int64_t>(a.tokens.size())) emit_token(a, a.sampler.next(logits[i]), logits[i]);
+    if (rows[i]) emit_token(a, a.sampler.next(*rows[i]), *rows[i]);
   }
 
   std::erase_if(running_, [](const auto& a) { return a->done; });

@@ -143,7 +143,7 @@ class Engine {
   void loop();
   bool step();  // false when idle
   void finish(Active& a, Finish why, std::string error = {});
-  void emit_token(Active& a, int32_t token, const std::vector<float>& logits);
+  void emit_token(Active& a, int32_t token, const RowSummary& row);
 
   const Model& model_;
   std::unique_ptr<Executor> cpu_;  // when constructed for the CPU

@@ -252,7 +252,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ServedM
   r.generation.ignore_eos = boolean(body, "ignore_eos", false);
   r.generation.skip_special = boolean(body, "skip_special_tokens", endpoint == Endpoint::completions);
   try {
-    Sampler check(s);
+    check(s);
   } catch (const Error& e) {
     throw bad_request(e.what(), e.context().field);
   }

@@ -1,0 +1,33 @@
+// Sampling on the GPU: ops/sampling.h's `summarize` as a kernel, so a batch's logits
+// stay on the device and only each row's summary (a few candidates and normalizers)
+// comes back; the host's `choose` takes the token from it. Tested against
+// ops/sampling.h token for token (tests/gpu/test_sampling_cuda.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/sampling.h"
+#include "plan/kernel_registry.h"
+
+namespace keel::cuda {
+
+// One row's summary as the kernel writes it; the candidates go to separate arrays.
+struct RowTotals {
+  float max_logit, log_z, z_t, whole_pick_logit;
+  int32_t whole_pick, count;
+};
+
+// Summarizes `rows` rows of `vocab` logits (device memory, row-major), row r with
+// tasks[r] (device memory; candidates 1..kMaxCandidates, at most `stride`). Writes
+// totals[r] and the candidates to ids and values at [r · stride, r · stride + count).
+// Asynchronous on `stream`.
+void summarize_rows(const float* logits, int64_t rows, int64_t vocab, const SummaryTask* tasks, int stride,
+                    RowTotals* totals, int32_t* ids, float* values, void* stream = nullptr);
+
+// The host's summary of row r from the copied-back arrays.
+RowSummary row_summary(const RowTotals& totals, const int32_t* ids, const float* values, int64_t vocab);
+
+// Adds this family's kernels to the registry (called from cuda/kernels.cu).
+void register_sampling(Registry& registry);
+
+}  // namespace keel::cuda
