@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -219,6 +220,60 @@ TEST(GpuModel, BatchedCallsEqualSingleCalls) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     EXPECT_TRUE(same_bits(last[i], gpu->forward(copies[i], std::span(&next[i], 1), LogitRows::last))) << i;
   }
+}
+
+// The engine's call: each chunk's last row summarized on the device gives exactly what
+// the same rows copied back and summarized by ops/sampling.h give (candidates, order,
+// whole-row pick, chosen token); a chunk without a choice runs with no logits at all.
+TEST(GpuModel, ChoicesAreTheLastRowsSummarizedOnTheHost) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  const auto gpu = GpuModel::create(*host);
+  const int64_t V = host->config().vocab_size;
+  std::mt19937 rng(5);
+  const std::vector<int64_t> lengths{9, 1, 33, 4};
+  std::vector<std::vector<int32_t>> ids;
+  for (const int64_t n : lengths) {
+    ids.emplace_back(n);
+    for (auto& id : ids.back()) id = static_cast<int32_t>(rng() % V);
+  }
+  const std::vector<std::optional<RowChoice>> choices{
+      RowChoice{{.temperature = 0.0f}, 0, 5},
+      RowChoice{{.temperature = 0.9f, .seed = 3}, 4, 1},
+      std::nullopt,
+      RowChoice{{.temperature = 1.1f, .top_k = 20, .top_p = 0.8f, .seed = 8}, 2, 3},
+  };
+  std::vector<DeviceSequence> seqs, copies;
+  std::vector<DeviceChunk> chunks, copy_chunks;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    seqs.push_back(gpu->new_sequence());
+    copies.push_back(gpu->new_sequence());
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    chunks.push_back({&seqs[i], ids[i]});
+    copy_chunks.push_back({&copies[i], ids[i]});
+  }
+  const auto got = gpu->forward(chunks, choices);
+  const auto logits = gpu->forward(copy_chunks, LogitRows::last);
+  ASSERT_EQ(got.size(), choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    EXPECT_EQ(seqs[i].length, lengths[i]);
+    if (!choices[i]) {
+      EXPECT_FALSE(got[i].has_value()) << i;
+      continue;
+    }
+    ASSERT_TRUE(got[i].has_value()) << i;
+    const RowSummary want = summarize_for(logits[i], *choices[i]);
+    EXPECT_EQ(got[i]->ids, want.ids) << i;
+    EXPECT_EQ(got[i]->logits, want.logits) << i;
+    EXPECT_EQ(got[i]->whole_pick, want.whole_pick) << i;
+    EXPECT_NEAR(got[i]->log_z, want.log_z, 1e-5f * std::max(1.0f, std::fabs(want.log_z))) << i;
+    EXPECT_EQ(choose(choices[i]->params, choices[i]->draw, *got[i]), choose(choices[i]->params, choices[i]->draw, want))
+        << i;
+  }
+  // The sequence that ran without logits is where its copy is: the next token agrees.
+  const int32_t next = 7;
+  EXPECT_TRUE(same_bits(gpu->forward(seqs[2], std::span(&next, 1)), gpu->forward(copies[2], std::span(&next, 1))));
 }
 
 // A batch with a bad chunk, or one sequence twice, fails before any sequence changes.

@@ -27,12 +27,10 @@ void print_stages(const std::map<std::string, double>& stages, int steps, const 
 
 void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   runner.reset();
-  auto logits = runner.forward(prompt, LogitRows::last);
+  Sampler greedy({});
+  int32_t next = runner.next(prompt, greedy);
   runner.executor().set_profiling(true);
-  for (int i = 0; i < steps; ++i) {
-    const int32_t next = argmax(logits);
-    logits = runner.forward(std::span(&next, 1));
-  }
+  for (int i = 0; i < steps; ++i) next = runner.next(std::span(&next, 1), greedy);
   const auto stages = runner.executor().profile();
   runner.executor().set_profiling(false);
   print_stages(stages, steps, "decode time by stage", "token");
@@ -65,6 +63,15 @@ struct BatchedDecode {
   double tokens_per_second() const { return batch / step_seconds; }
 };
 
+// One batched call choosing each chunk's next token greedily, as the engine's step does
+// (on a GPU only the rows' sampling summaries come back).
+std::vector<int32_t> greedy_step(Executor& executor, std::span<const SequenceChunk> chunks) {
+  const std::vector<std::optional<RowChoice>> choices(chunks.size(), RowChoice{});
+  std::vector<int32_t> next;
+  for (const auto& row : executor.forward_choices(chunks, choices)) next.push_back(choose({}, 0, *row));
+  return next;
+}
+
 BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch, int prompt, int steps, int runs,
                              bool profile) {
   if (batch < 1 || prompt < 1 || steps < 1) {
@@ -88,8 +95,8 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
         sequences.push_back(executor.new_sequence());
         chunks.push_back({sequences.back().get(), prompts[i]});
       }
-      const auto logits = executor.forward_batch(chunks, LogitRows::last);
-      for (int i = 0; i < count; ++i) next[first + i] = argmax(logits[i]);
+      const std::vector<int32_t> chosen = greedy_step(executor, chunks);
+      std::copy(chosen.begin(), chosen.end(), next.begin() + first);
       first += count;
     }
     executor.set_profiling(profiled);
@@ -98,8 +105,7 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
     for (int step = 0; step < steps; ++step) {
       std::vector<SequenceChunk> chunks;
       for (int i = 0; i < batch; ++i) chunks.push_back({sequences[i].get(), std::span(&next[i], 1)});
-      const auto logits = executor.forward_batch(chunks, LogitRows::last);
-      for (int i = 0; i < batch; ++i) next[i] = argmax(logits[i]);
+      next = greedy_step(executor, chunks);
     }
     if (profiled) {
       print_stages(executor.profile(), steps, fmt::format("batch of {}: decode step time by stage", batch), "step");
@@ -159,15 +165,13 @@ void add_bench(CLI::App& app) {
     double prefill_s = 1e30, decode_s = 1e30, decode_comm_s = 0;
     for (int r = 0; r < o->runs; ++r) {
       runner.reset();
+      Sampler greedy({});
       auto start = std::chrono::steady_clock::now();
-      auto logits = runner.forward(prompt, LogitRows::last);
+      int32_t next = runner.next(prompt, greedy);
       prefill_s = std::min(prefill_s, seconds_since(start));
       runner.executor().reset_communication();
       start = std::chrono::steady_clock::now();
-      for (int i = 0; i < o->decode; ++i) {
-        const int32_t next = argmax(logits);
-        logits = runner.forward(std::span(&next, 1));
-      }
+      for (int i = 0; i < o->decode; ++i) next = runner.next(std::span(&next, 1), greedy);
       if (const double s = seconds_since(start); s < decode_s) {
         decode_s = s;
         decode_comm_s = runner.executor().communication_seconds();
@@ -188,9 +192,12 @@ void add_bench(CLI::App& app) {
       for (int r = 0; r < o->runs; ++r) {
         runner.reset();
         const auto start = std::chrono::steady_clock::now();
+        // As the engine runs a long prompt: chunks without logits, the last one choosing.
+        Sampler greedy({});
         for (int done = 0; done < length; done += o->prefill_chunk) {
-          runner.forward(std::span(long_prompt).subspan(done, std::min(o->prefill_chunk, length - done)),
-                         LogitRows::last);
+          const auto chunk = std::span(long_prompt).subspan(done, std::min(o->prefill_chunk, length - done));
+          if (done + o->prefill_chunk < length) runner.prefill(chunk);
+          else runner.next(chunk, greedy);
         }
         best = std::min(best, seconds_since(start));
       }

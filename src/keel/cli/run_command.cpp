@@ -118,7 +118,7 @@ void run(const RunOptions& o) {
   const ModelConfig& c = loaded.model->config();
   Runner runner(*loaded.executor);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = runner.forward(prompt, LogitRows::last);
+  int32_t next = runner.next(prompt, sampler);
   const auto t1 = std::chrono::steady_clock::now();
 
   std::optional<StreamDecoder> decoder;
@@ -127,7 +127,6 @@ void run(const RunOptions& o) {
   int generated = 0;
   std::string why = "max tokens";
   while (true) {
-    const int32_t next = sampler.next(logits);
     ++generated;
     if (!o.ignore_eos && next == c.eos_token_id) {
       why = "end of sequence";
@@ -147,7 +146,7 @@ void run(const RunOptions& o) {
       why = "context full";
       break;
     }
-    logits = runner.forward(std::span(&next, 1));
+    next = runner.next(std::span(&next, 1), sampler);
   }
   if (decoder && why != "stop string") text.add(decoder->flush());
   text.finish();

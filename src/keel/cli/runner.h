@@ -30,6 +30,19 @@ class Runner {
   std::vector<float> forward(std::span<const int32_t> tokens, LogitRows rows = LogitRows::all) {
     return executor_.forward(*sequence_, tokens, rows);
   }
+  // Runs `tokens` and chooses the token after them with `sampler` (the logits are
+  // summarized where they were computed: on a GPU only the summary comes back).
+  int32_t next(std::span<const int32_t> tokens, Sampler& sampler) {
+    const SequenceChunk chunk{sequence_.get(), tokens};
+    const std::optional<RowChoice> choice = RowChoice{sampler.params(), sampler.draws(), 1};
+    return sampler.next(*executor_.forward_choices(std::span(&chunk, 1), std::span(&choice, 1)).front());
+  }
+  // Runs `tokens` without computing any logits (a prompt's chunks before its last).
+  void prefill(std::span<const int32_t> tokens) {
+    const SequenceChunk chunk{sequence_.get(), tokens};
+    const std::optional<RowChoice> none;
+    executor_.forward_choices(std::span(&chunk, 1), std::span(&none, 1));
+  }
   int64_t length() const { return sequence_->length(); }
   Executor& executor() { return executor_; }
 

@@ -246,8 +246,7 @@ struct Pinned {
 // Intermediate buffers, grown as needed and kept between calls.
 struct GpuModel::Workspace {
   Pinned<float> logits_host;
-  Pinned<RowTotals> totals_host;
-  Pinned<int32_t> ids_host;
+  Pinned<uint8_t> sample_host;
   Staging stage;
   std::unique_ptr<StageTimer> timer;  // when profiling
   DeviceBuffer<int32_t> tokens;
@@ -262,9 +261,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<const float*> key_rows, index_key_rows;
   DeviceBuffer<CopyJob> copy_jobs;
   DeviceBuffer<SummaryTask> sample_tasks;
-  DeviceBuffer<RowTotals> sample_totals;
-  DeviceBuffer<int32_t> sample_ids;
-  DeviceBuffer<float> sample_values;
+  DeviceBuffer<uint8_t> sample_out;  // RowTotals[rows], then ids and values [rows, stride]
 };
 
 namespace {
@@ -1005,20 +1002,19 @@ std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceC
     stride = std::max(stride, tasks.back().candidates);
   }
   ws.stage.upload(ws.sample_tasks, std::span<const SummaryTask>(tasks), stream_);
-  ws.sample_totals.resize(static_cast<size_t>(n));
-  ws.sample_ids.resize(static_cast<size_t>(n * stride));
-  ws.sample_values.resize(static_cast<size_t>(n * stride));
-  top.sample(ws.logits.data(), n, V, ws.sample_tasks.data(), stride, ws.sample_totals.data(), ws.sample_ids.data(),
-             ws.sample_values.data(), stream_);
-  RowTotals* totals = ws.totals_host.grow(static_cast<size_t>(n));
-  int32_t* ids = ws.ids_host.grow(static_cast<size_t>(n * stride));
-  float* values = ws.logits_host.grow(static_cast<size_t>(n * stride));
-  check_api(cudaMemcpyAsync(totals, ws.sample_totals.data(), n * sizeof(RowTotals), cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync");
-  check_api(cudaMemcpyAsync(ids, ws.sample_ids.data(), n * stride * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync");
-  check_api(cudaMemcpyAsync(values, ws.sample_values.data(), n * stride * kF, cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync");
+  // Totals, ids and values in one buffer: one copy back.
+  const size_t totals_bytes = n * sizeof(RowTotals), list_bytes = n * stride * sizeof(int32_t);
+  const size_t bytes = totals_bytes + 2 * list_bytes;
+  ws.sample_out.resize(bytes);
+  uint8_t* out_device = ws.sample_out.data();
+  top.sample(ws.logits.data(), n, V, ws.sample_tasks.data(), stride, reinterpret_cast<RowTotals*>(out_device),
+             reinterpret_cast<int32_t*>(out_device + totals_bytes),
+             reinterpret_cast<float*>(out_device + totals_bytes + list_bytes), stream_);
+  uint8_t* host = ws.sample_host.grow(bytes);
+  check_api(cudaMemcpyAsync(host, out_device, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  const auto* totals = reinterpret_cast<const RowTotals*>(host);
+  const auto* ids = reinterpret_cast<const int32_t*>(host + totals_bytes);
+  const auto* values = reinterpret_cast<const float*>(host + totals_bytes + list_bytes);
   end_call();
   std::vector<float> row;
   for (size_t j = 0; j < chosen.size(); ++j) {
