@@ -45,5 +45,52 @@ TEST(CudaForwardOps, CopyBatchCopiesEveryJobAndNothingElse) {
   cudaFree(const_cast<CopyJob*>(djobs));
 }
 
+// Compressor slots by their definition (dsv4-forward.md §5.6, §5.7), for windows at
+// consecutive rows (first_row) and at rows given per window (windows of several
+// sequences gathered into one buffer), HCA and CSA, with and without the previous
+// series. Exact: the op only moves values and adds one bias.
+TEST(CudaForwardOps, CompressorSlotsFollowTheirDefinition) {
+  const int ratio = 4, dim = 24;
+  const int64_t rows = 40;
+  for (const bool overlapping : {false, true}) {
+    const int64_t width = overlapping ? 2 * dim : dim;
+    const std::vector<float> kv = keel::testing::random_normal(rows * width, 31);
+    const std::vector<float> gate = keel::testing::random_normal(rows * width, 32);
+    const std::vector<float> ape = keel::testing::random_normal(ratio * width, 33);
+    float *dkv = device_copy(kv), *dgate = device_copy(gate), *dape = device_copy(ape);
+    for (const bool previous : {false, true}) {
+      if (previous && !overlapping) continue;
+      const std::vector<int64_t> starts{4, 13, 30, 8};  // ragged, out of order
+      for (const bool given : {false, true}) {
+        const int64_t first_row = 8, windows = static_cast<int64_t>(starts.size());
+        const int slots = previous ? 2 * ratio : ratio;
+        const int64_t n = windows * slots * dim;
+        float *values = device_poisoned(n), *gates = device_poisoned(n);
+        const int64_t* dstarts = given ? device_copy(starts) : nullptr;
+        compressor_slots(dkv, dgate, dape, width, dim, ratio, overlapping, first_row, windows, previous, values, gates,
+                         nullptr, dstarts);
+        const std::vector<float> got_v = host_copy(values, n), got_g = host_copy(gates, n);
+        const int half = overlapping ? dim : 0;
+        for (int64_t w = 0; w < windows; ++w) {
+          const int64_t start = given ? starts[w] : first_row + w * ratio;
+          for (int s = 0; s < slots; ++s) {
+            const bool before = previous && s < ratio;
+            const int j = before ? s : s - (previous ? ratio : 0);
+            const int64_t row = before ? start - ratio + j : start + j;
+            const int channel0 = before ? 0 : half;
+            for (int c = 0; c < dim; ++c) {
+              const int64_t at = (w * slots + s) * dim + c;
+              ASSERT_EQ(got_v[at], kv[row * width + channel0 + c]) << overlapping << previous << given << " " << at;
+              ASSERT_EQ(got_g[at], gate[row * width + channel0 + c] + ape[j * width + channel0 + c]) << at;
+            }
+          }
+        }
+        cudaFree(values);
+        cudaFree(gates);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::cuda

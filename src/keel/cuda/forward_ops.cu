@@ -26,15 +26,15 @@ __global__ void scale_kernel(float* x, int64_t count, float factor) {
 
 // One thread per (window, slot, channel).
 __global__ void slots_kernel(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
-                             int half, int64_t first_row, int64_t windows, bool previous, float* values,
-                             float* gates) {
+                             int half, int64_t first_row, const int64_t* starts, int64_t windows, bool previous,
+                             float* values, float* gates) {
   const int slots = previous ? 2 * ratio : ratio;
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (i >= windows * slots * dim) return;
   const int c = static_cast<int>(i % dim);
   const int s = static_cast<int>(i / dim % slots);
   const int64_t w = i / (int64_t{dim} * slots);
-  const int64_t start = first_row + w * ratio;
+  const int64_t start = starts ? starts[w] : first_row + w * ratio;
   int64_t row;
   int channel, j;
   if (previous && s < ratio) {  // the window before: its first series
@@ -69,12 +69,12 @@ void scale(float* x, int64_t count, float factor, void* stream) {
 
 void compressor_slots(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
                       bool overlapping, int64_t first_row, int64_t windows, bool previous, float* values,
-                      float* gates, void* stream) {
+                      float* gates, void* stream, const int64_t* starts) {
   const int slots = previous ? 2 * ratio : ratio;
   const int64_t n = windows * slots * dim;
   if (n <= 0) return;
   slots_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      kv, gate, ape, width, dim, ratio, overlapping ? dim : 0, first_row, windows, previous, values, gates);
+      kv, gate, ape, width, dim, ratio, overlapping ? dim : 0, first_row, starts, windows, previous, values, gates);
   check(cudaGetLastError(), "compressor_slots launch");
 }
 

@@ -30,8 +30,10 @@ void scale(float* x, int64_t count, float factor, void* stream = nullptr);
 // second series, 0 for HCA). With `previous` (CSA after the first window), the ratio
 // rows before the window come first as slots [0, ratio), channels [0, dim) with bias
 // ape[j, c]. values and gates are [windows, slots, dim], slots = ratio or 2·ratio.
+// With `starts` (device memory, one per window), window i starts at row starts[i]
+// instead: windows of several sequences gathered into one buffer.
 void compressor_slots(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,
                       bool overlapping, int64_t first_row, int64_t windows, bool previous, float* values,
-                      float* gates, void* stream = nullptr);
+                      float* gates, void* stream = nullptr, const int64_t* starts = nullptr);
 
 }  // namespace keel::cuda

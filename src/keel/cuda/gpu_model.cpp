@@ -260,6 +260,8 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
   DeviceBuffer<const float*> key_rows, index_key_rows;
   DeviceBuffer<CopyJob> copy_jobs;
+  DeviceBuffer<int64_t> window_starts;
+  DeviceBuffer<float> pooled;
   DeviceBuffer<SummaryTask> sample_tasks;
   DeviceBuffer<uint8_t> sample_out;  // RowTotals[rows], then ids and values [rows, stride]
 };
@@ -324,15 +326,41 @@ void copy_jobs(const Step& s, std::vector<CopyJob>& jobs) {
 
 // --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
 
-// One sequence's `n` token projections kv, gate ([n, width]) join its compressor: the
-// windows they close become entries in `entries` (row 0 = entry 0, rows of dim); the
-// rest stays pending.
-// Copies that need no ordering among themselves (rows into each sequence's own buffers)
-// are gathered into `jobs` and run later in one launch.
-void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& st, const float* kv, const float* gate,
-              int64_t n, float* entries, std::vector<CopyJob>& jobs) {
+// The compressor windows that close in one step, over every sequence of the batch,
+// for one compressor of one layer. Each sequence's rows (the previous window for CSA,
+// the open window, the chunk) are gathered into one buffer; all windows are pooled,
+// normed and roped in one launch each; each entry and each sequence's new open window
+// go back to its own buffers. The launches per step do not grow with the number of
+// sequences, and a window's entry is the same bits whatever else closes beside it.
+struct ClosingWindows {
+  struct Rows {  // state or chunk rows gathered at row `at` of the buffer
+    int64_t at;
+    const float *kv, *gate;
+    int64_t count;
+  };
+  struct Window {
+    int64_t start;  // its first row in the buffer
+    float* out;     // its entry's row in the sequence's buffer
+    int64_t position;
+  };
+  struct Keep {  // state rows refilled from the buffer: the new open window, CSA's previous
+    float *kv, *gate;
+    int64_t at, count;
+  };
+  std::vector<Rows> gather;
+  std::vector<Window> lone, rest;  // CSA's first window (no previous series), the others
+  std::vector<Keep> keep;
+  int64_t rows = 0;
+};
+
+// One sequence's `n` token projections kv, gate ([n, width]) join its compressor: rows
+// that close no window join the open one through `jobs` (run later in one launch); the
+// windows they close are planned in `closing`, whose entries go to `entries` (row 0 =
+// entry 0, rows of dim). The state's counts change now; its rows when `closing` runs.
+void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float* kv, const float* gate, int64_t n,
+              float* entries, std::vector<CopyJob>& jobs, ClosingWindows& closing) {
   const int m = w.ratio, dim = w.dim;
-  const int64_t width = w.width(), row_bytes = width * kF;
+  const int64_t width = w.width();
   st.pending_kv.resize(m * width);
   st.pending_gate.resize(m * width);
   if (st.pending + n < m) {  // no window closes (most decode steps): the rows join the open one
@@ -343,47 +371,78 @@ void compress(const Step& s, const DeviceCompressor& w, DeviceCompressorState& s
   }
   // The token rows in order: the previous window (CSA), the open window, this chunk.
   const int64_t before = w.overlapping && st.count > 0 ? m : 0;
-  const int64_t rows = before + st.pending + n, windows = (st.pending + n) / m;
-  float* all_kv = grow(s.ws.rows_kv, rows * width);
-  float* all_gate = grow(s.ws.rows_gate, rows * width);
-  s.copy(all_kv, st.previous_kv.data(), before * row_bytes);
-  s.copy(all_gate, st.previous_gate.data(), before * row_bytes);
-  s.copy(all_kv + before * width, st.pending_kv.data(), st.pending * row_bytes);
-  s.copy(all_gate + before * width, st.pending_gate.data(), st.pending * row_bytes);
-  s.copy(all_kv + (before + st.pending) * width, kv, n * row_bytes);
-  s.copy(all_gate + (before + st.pending) * width, gate, n * row_bytes);
-
-  float* out = entries + st.count * dim;
-  const float* ape = w.ape.data();
+  const int64_t rows = before + st.pending + n, windows = (st.pending + n) / m, base = closing.rows;
+  closing.rows += rows;
+  closing.gather.push_back({base, st.previous_kv.data(), st.previous_gate.data(), before});
+  closing.gather.push_back({base + before, st.pending_kv.data(), st.pending_gate.data(), st.pending});
+  closing.gather.push_back({base + before + st.pending, kv, gate, n});
   // CSA's first window has no previous series: ratio slots instead of 2·ratio.
-  const int64_t lone = w.overlapping && st.count == 0 ? 1 : 0;
-  const auto pool_windows = [&](int64_t first, int64_t count, bool previous) {
-    const int slots = previous ? 2 * m : m;
-    float* values = grow(s.ws.slot_values, count * slots * dim);
-    float* gates = grow(s.ws.slot_gates, count * slots * dim);
-    compressor_slots(all_kv, all_gate, ape, width, dim, m, w.overlapping, before + first * m, count, previous, values,
-                     gates, s.stream);
-    s.k.pool(values, gates, count, slots, dim, out + first * dim, s.stream);
-  };
-  if (lone) pool_windows(0, 1, false);
-  if (windows > lone) pool_windows(lone, windows - lone, w.overlapping);
-  s.k.norm(out, w.norm.data(), s.eps(), out, windows, dim, s.stream);
-  std::vector<int64_t> positions(windows);  // an entry sits at its window's start
-  for (int64_t i = 0; i < windows; ++i) positions[i] = (st.count + i) * m;
-  s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
-  cuda::rope(s.rope, out, windows, 1, dim, s.ws.entry_positions.data(), false, s.stream);
+  const bool lone = w.overlapping && st.count == 0;
+  for (int64_t i = 0; i < windows; ++i) {  // an entry sits at its window's start
+    const ClosingWindows::Window window{base + before + i * m, entries + (st.count + i) * dim, (st.count + i) * m};
+    (i == 0 && lone ? closing.lone : closing.rest).push_back(window);
+  }
   if (w.overlapping) {
-    const int64_t last = before + (windows - 1) * m;
     st.previous_kv.resize(m * width);
     st.previous_gate.resize(m * width);
-    s.copy(st.previous_kv.data(), all_kv + last * width, m * row_bytes);
-    s.copy(st.previous_gate.data(), all_gate + last * width, m * row_bytes);
+    closing.keep.push_back({st.previous_kv.data(), st.previous_gate.data(), base + before + (windows - 1) * m, m});
   }
   st.count += windows;
   const int64_t done = before + windows * m;
   st.pending = static_cast<int>(rows - done);
-  s.copy(st.pending_kv.data(), all_kv + done * width, st.pending * row_bytes);
-  s.copy(st.pending_gate.data(), all_gate + done * width, st.pending * row_bytes);
+  closing.keep.push_back({st.pending_kv.data(), st.pending_gate.data(), base + done, st.pending});
+}
+
+// Runs what `closing` planned for compressor `w`.
+void close_windows(const Step& s, const DeviceCompressor& w, const ClosingWindows& closing) {
+  const int64_t n_lone = static_cast<int64_t>(closing.lone.size()), total = n_lone + closing.rest.size();
+  if (total == 0) return;
+  const int m = w.ratio, dim = w.dim;
+  const int64_t width = w.width();
+  float* all_kv = grow(s.ws.rows_kv, closing.rows * width);
+  float* all_gate = grow(s.ws.rows_gate, closing.rows * width);
+  std::vector<CopyJob> jobs;
+  for (const auto& g : closing.gather) {
+    if (g.count == 0) continue;
+    jobs.push_back({all_kv + g.at * width, g.kv, g.count * width});
+    jobs.push_back({all_gate + g.at * width, g.gate, g.count * width});
+  }
+  copy_jobs(s, jobs);
+
+  std::vector<int64_t> starts, positions;
+  for (const auto* group : {&closing.lone, &closing.rest}) {
+    for (const auto& window : *group) {
+      starts.push_back(window.start);
+      positions.push_back(window.position);
+    }
+  }
+  s.ws.stage.upload(s.ws.window_starts, std::span<const int64_t>(starts), s.stream);
+  s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
+  float* pooled = grow(s.ws.pooled, total * dim);
+  const auto pool = [&](int64_t first, int64_t count, bool previous) {
+    if (count == 0) return;
+    const int slots = previous ? 2 * m : m;
+    float* values = grow(s.ws.slot_values, count * slots * dim);
+    float* gates = grow(s.ws.slot_gates, count * slots * dim);
+    compressor_slots(all_kv, all_gate, w.ape.data(), width, dim, m, w.overlapping, 0, count, previous, values, gates,
+                     s.stream, s.ws.window_starts.data() + first);
+    s.k.pool(values, gates, count, slots, dim, pooled + first * dim, s.stream);
+  };
+  pool(0, n_lone, false);
+  pool(n_lone, total - n_lone, w.overlapping);
+  s.k.norm(pooled, w.norm.data(), s.eps(), pooled, total, dim, s.stream);
+  cuda::rope(s.rope, pooled, total, 1, dim, s.ws.entry_positions.data(), false, s.stream);
+
+  int64_t i = 0;
+  for (const auto* group : {&closing.lone, &closing.rest}) {
+    for (const auto& window : *group) jobs.push_back({window.out, pooled + i++ * dim, dim});
+  }
+  for (const auto& k : closing.keep) {
+    if (k.count == 0) continue;
+    jobs.push_back({k.kv, all_kv + k.at * width, k.count * width});
+    jobs.push_back({k.gate, all_gate + k.at * width, k.count * width});
+  }
+  copy_jobs(s, jobs);
 }
 
 // --- Attention (§5) ------------------------------------------------------------------------
@@ -485,6 +544,7 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     index_w = iw;
   }
   std::vector<CopyJob> jobs;
+  ClosingWindows closing, index_closing;
   for (const Part& part : parts) {  // this chunk's keys and entries into each sequence's state
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t n = part.count;
@@ -493,16 +553,18 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     jobs.push_back({st.keys.data() + sw * hd, kv + part.row * hd, n * hd});
     if (L.compressor) {
       const int64_t width = L.compressor->width();
-      compress(s, *L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n,
-               st.keys.data() + (sw + st.chunk_rows) * hd, jobs);
+      compress(*L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n,
+               st.keys.data() + (sw + st.chunk_rows) * hd, jobs, closing);
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
       st.index_keys.resize((st.indexer.count + (st.indexer.pending + n) / ic.ratio) * ic.dim);
-      compress(s, ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n,
-               st.index_keys.data(), jobs);
+      compress(ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n, st.index_keys.data(),
+               jobs, index_closing);
     }
   }
+  if (L.compressor) close_windows(s, *L.compressor, closing);
+  if (L.index_compressor) close_windows(s, *L.index_compressor, index_closing);
   copy_jobs(s, jobs);
 
   s.mark("attention: key lists, indexer top-k");
