@@ -87,8 +87,12 @@ TEST(CudaForwardOps, CompressorSlotsFollowTheirDefinition) {
         }
         cudaFree(values);
         cudaFree(gates);
+        cudaFree(const_cast<int64_t*>(dstarts));
       }
     }
+    cudaFree(dkv);
+    cudaFree(dgate);
+    cudaFree(dape);
   }
 }
 
