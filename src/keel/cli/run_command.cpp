@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/runner.h"
 #include "io/npy.h"
+#include "model/speculative.h"
 #include "ops/sampling.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +23,7 @@ struct RunOptions {
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false, quiet = false;
+  int speculative = 0;  // MTP draft tokens per step (0: off)
   bool text_given = false, ids_given = false;
   KernelOptions kernels;
 };
@@ -117,9 +119,32 @@ void run(const RunOptions& o) {
   const Loaded loaded = load_executor(o.model, o.quiet, o.kernels);
   const ModelConfig& c = loaded.model->config();
   Runner runner(*loaded.executor);
+  // Tokens come in groups: one per step, or with speculative decoding the step's kept
+  // drafts and the trunk's next token (the same tokens, fewer trunk forwards).
+  std::optional<SpeculativeDecoder> speculative;
+  Sequence spec_sequence;
+  std::vector<int32_t> ready;
   const auto t0 = std::chrono::steady_clock::now();
-  int32_t next = runner.next(prompt, sampler);
+  if (o.speculative > 0) {
+    if (loaded.executor->device().rfind("cpu", 0) != 0) {
+      fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding runs on the CPU only so far");
+    }
+    speculative.emplace(*loaded.model, o.speculative);
+    spec_sequence = loaded.model->new_sequence();
+    ready = {speculative->start(spec_sequence, prompt, sampler)};
+  } else {
+    ready = {runner.next(prompt, sampler)};
+  }
   const auto t1 = std::chrono::steady_clock::now();
+  size_t at = 0;
+  const auto length = [&] { return speculative ? spec_sequence.length : runner.length(); };
+  const auto take = [&] {
+    if (at == ready.size()) {
+      ready = speculative ? speculative->step(spec_sequence, sampler) : std::vector{runner.next(std::span(&ready.back(), 1), sampler)};
+      at = 0;
+    }
+    return ready[at++];
+  };
 
   std::optional<StreamDecoder> decoder;
   if (tokenizer) decoder.emplace(*tokenizer);
@@ -127,6 +152,7 @@ void run(const RunOptions& o) {
   int generated = 0;
   std::string why = "max tokens";
   while (true) {
+    const int32_t next = take();
     ++generated;
     if (!o.ignore_eos && next == c.eos_token_id) {
       why = "end of sequence";
@@ -142,11 +168,10 @@ void run(const RunOptions& o) {
       std::fflush(stdout);
     }
     if (generated == o.max_tokens) break;
-    if (runner.length() >= c.max_position_embeddings) {
+    if (length() + static_cast<int64_t>(ready.size() - at) >= c.max_position_embeddings) {
       why = "context full";
       break;
     }
-    next = runner.next(std::span(&next, 1), sampler);
   }
   if (decoder && why != "stop string") text.add(decoder->flush());
   text.finish();
@@ -155,6 +180,12 @@ void run(const RunOptions& o) {
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
   fmt::print(stderr, "\n[prompt {} tokens, {:.1f} tok/s | generated {} tokens, {:.2f} tok/s | stopped: {}]\n",
              prompt.size(), prompt.size() / prefill_s, generated, generated / decode_s, why);
+  if (speculative) {
+    const auto& s = speculative->stats();
+    fmt::print(stderr, "[speculative: {} drafts per step, {} of {} drafts accepted ({:.1f}%), {:.2f} tokens per trunk forward]\n",
+               o.speculative, s.accepted, s.drafted, 100.0 * s.accepted / std::max<int64_t>(1, s.drafted),
+               static_cast<double>(s.tokens) / std::max<int64_t>(1, s.steps));
+  }
 }
 
 }  // namespace
@@ -173,6 +204,9 @@ void add_run(CLI::App& app) {
   cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--stop", o->stop, "Stop when this text appears (repeatable)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep going past the end-of-sequence token");
+  cmd->add_option("--speculative", o->speculative,
+                  "Draft tokens per step from the model's MTP layer (0 = off, 1..3; same output, fewer trunk forwards)")
+      ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No loading progress");
   add_kernel_options(cmd, o->kernels);
   cmd->callback([o, cmd] {

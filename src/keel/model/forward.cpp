@@ -81,14 +81,23 @@ void close_window(const Step& s, const CompressorWeights& w, CompressorState& st
   st.pending_gate.clear();
 }
 
-void compress(const Step& s, const CompressorWeights& w, CompressorState& st, ConstRows x) {
-  const Buffer kv = project(s, *w.wkv, x), gate = project(s, *w.wgate, x);
+// `n` tokens' projections join the open window, closing each window they fill.
+void append(const Step& s, const CompressorWeights& w, CompressorState& st, const float* kv, const float* gate,
+            int64_t n) {
   const int width = w.width();
-  for (int64_t t = 0; t < s.count; ++t) {
+  for (int64_t t = 0; t < n; ++t) {
     st.pending_kv.insert(st.pending_kv.end(), &kv[t * width], &kv[(t + 1) * width]);
     st.pending_gate.insert(st.pending_gate.end(), &gate[t * width], &gate[(t + 1) * width]);
     if (++st.pending == w.ratio) close_window(s, w, st);
   }
+}
+
+// With `journal`, the projections are kept there too (for Model::rewind's replay).
+void compress(const Step& s, const CompressorWeights& w, CompressorState& st, ConstRows x,
+              CompressorJournal* journal) {
+  Buffer kv = project(s, *w.wkv, x), gate = project(s, *w.wgate, x);
+  append(s, w, st, kv.data(), gate.data(), s.count);
+  if (journal) *journal = {std::move(kv), std::move(gate)};
 }
 
 // --- Attention (§5) ----------------------------------------------------------------------
@@ -168,14 +177,14 @@ void remember_window(const Step& s, LayerState& st, const Buffer& kv) {
   }
 }
 
-Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, ConstRows x) {
+Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, ConstRows x, LayerJournal* journal) {
   const ModelConfig& c = s.c;
   const int64_t H = c.num_attention_heads, hd = c.head_dim;
   const Queries qs = queries(s, a, x);
-  if (a.compressor) compress(s, *a.compressor, st.compressor, x);
+  if (a.compressor) compress(s, *a.compressor, st.compressor, x, journal ? &journal->compressor : nullptr);
   IndexQueries iq;
   if (a.indexer) {
-    compress(s, a.indexer->compressor, st.indexer, x);
+    compress(s, a.indexer->compressor, st.indexer, x, journal ? &journal->indexer : nullptr);
     iq = index_queries(s, *a.indexer, qs.qr, x);
   }
   if (st.window.empty()) st.window.resize(static_cast<size_t>(c.sliding_window * hd));
@@ -297,11 +306,40 @@ void check_tokens(const ModelConfig& c, int64_t length, std::span<const int32_t>
   }
 }
 
-std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which) const {
+namespace {
+
+// The logits of `n` rows of streams ([n, hc, D]) through a head (hc_head, norm, lm_head).
+Buffer head_logits(const ModelConfig& c, const HyperParams& hp, const HyperHead& hc_head, std::span<const float> norm,
+                   const LayerKernels& k, const LayerKernels& head_kernels, const Weight& head, const float* streams,
+                   int64_t n) {
+  const int64_t D = c.hidden_size, width = hp.hc * D;
+  Buffer h(static_cast<size_t>(n * D));
+  for (int64_t t = 0; t < n; ++t) {
+    std::span<float> ht(&h[t * D], D);
+    hyper_head(hp, hc_head, std::span(streams + t * width, width), ht);
+    k.norm(ht, norm, static_cast<float>(c.rms_norm_eps), ht);
+  }
+  Buffer logits(static_cast<size_t>(n * c.vocab_size));
+  head_kernels.linear_for(head)(head, rows_of(std::span<const float>(h), D),
+                                rows_of(std::span<float>(logits), c.vocab_size), {});
+  return logits;
+}
+
+// One decoder layer over the chunk's streams.
+void run_layer(const Step& s, const HyperParams& hp, const LayerWeights& L, LayerState& st, Buffer& streams,
+               LayerJournal* journal) {
+  hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, st, x, journal); });
+  hyper_block(s, hp, L.hc_ffn, L.ffn_norm, streams, [&](ConstRows x) { return moe(s, L.ffn, x); });
+}
+
+}  // namespace
+
+std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which,
+                                  const ForwardExtras& extras) const {
   const ModelConfig& c = config_;
   check_tokens(c, seq.length, tokens);
   top_kernels_.check(Arch::cpu);
-  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size;
   const HyperParams hp = hyper_params(c);
   const int64_t width = hp.hc * D;
 
@@ -310,29 +348,100 @@ std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens
     top_kernels_.embedding(*tensors_.embed, tokens[t], std::span(&streams[t * width], D));
     for (int j = 1; j < hp.hc; ++j) std::copy_n(&streams[t * width], D, &streams[t * width + j * D]);
   }
+  if (extras.journal) extras.journal->assign(static_cast<size_t>(c.num_hidden_layers), {});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = tensors_.layers[l];
     const LayerKernels& k = layer_kernels_[l];
     k.check(Arch::cpu);
     const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
     const Step s{c, k, rope, seq.length, S, tokens};
-    LayerState& st = seq.layers[l];
-    hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, st, x); });
-    hyper_block(s, hp, L.hc_ffn, L.ffn_norm, streams, [&](ConstRows x) { return moe(s, L.ffn, x); });
+    run_layer(s, hp, tensors_.layers[l], seq.layers[l], streams, extras.journal ? &(*extras.journal)[l] : nullptr);
   }
   seq.length += S;
 
   const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
-  Buffer h(static_cast<size_t>(n * D));
-  for (int64_t t = 0; t < n; ++t) {
-    std::span<float> ht(&h[t * D], D);
-    hyper_head(hp, tensors_.hc_head, std::span(&streams[(first + t) * width], width), ht);
-    top_kernels_.norm(ht, tensors_.norm, static_cast<float>(c.rms_norm_eps), ht);
+  if (extras.streams) extras.streams->assign(streams.begin(), streams.end());
+  return head_logits(c, hp, tensors_.hc_head, tensors_.norm, top_kernels_, top_kernels_, *tensors_.head,
+                     &streams[first * width], n);
+}
+
+std::vector<float> Model::draft(Sequence& seq, std::span<const float> trunk_streams,
+                                std::span<const int32_t> next_tokens, LogitRows which,
+                                std::vector<float>* out_streams) const {
+  if (!has_draft()) fail(ErrorCode::usage, {}, "this model has no MTP layer to draft with");
+  const ModelConfig& c = config_;
+  const HyperParams hp = hyper_params(c);
+  const int64_t S = static_cast<int64_t>(next_tokens.size()), D = c.hidden_size, width = hp.hc * D;
+  if (static_cast<int64_t>(trunk_streams.size()) != S * width) {
+    fail(ErrorCode::usage, {}, "the MTP layer takes one row of trunk streams per next token");
   }
-  Buffer logits(static_cast<size_t>(n * V));
-  top_kernels_.linear_for(*tensors_.head)(*tensors_.head, rows_of(std::span<const float>(h), D),
-                                         rows_of(std::span<float>(logits), V), {});
-  return logits;
+  check_tokens(c, seq.draft_length + 1, next_tokens);
+  const MtpWeights& m = tensors_.mtp.front();
+  const LayerKernels& k = draft_kernels_;
+  k.check(Arch::cpu);
+  draft_top_kernels_.check(Arch::cpu);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // e = RMSNorm(embed[t_{i+1}]; enorm) · e_projᵀ, once per token.
+  Buffer e(static_cast<size_t>(S * D));
+  for (int64_t t = 0; t < S; ++t) {
+    std::span<float> et(&e[t * D], D);
+    draft_top_kernels_.embedding(*tensors_.embed, next_tokens[t], et);
+    k.norm(et, m.enorm, eps, et);
+  }
+  const Buffer ep = project(k.linear_for(*m.e_proj), *m.e_proj, rows_of(std::span<const float>(e), D));
+  // Each stream: RMSNorm(X; hnorm) · h_projᵀ, plus the token's e.
+  Buffer streams(trunk_streams.begin(), trunk_streams.end());
+  for (int64_t r = 0; r < S * hp.hc; ++r) {
+    std::span<float> row(&streams[r * D], D);
+    k.norm(row, m.hnorm, eps, row);
+  }
+  Buffer y = project(k.linear_for(*m.h_proj), *m.h_proj, rows_of(std::span<const float>(streams), D));
+  for (int64_t t = 0; t < S; ++t) {
+    for (int j = 0; j < hp.hc; ++j) {
+      for (int64_t d = 0; d < D; ++d) y[(t * hp.hc + j) * D + d] += ep[t * D + d];
+    }
+  }
+  const int layer = c.num_hidden_layers;
+  const Rope& rope = c.attention[layer] == AttentionKind::sliding ? rope_main_ : rope_compress_;
+  const Step s{c, k, rope, seq.draft_length, S, next_tokens};
+  run_layer(s, hp, m.block, seq.draft.front(), y, nullptr);
+  seq.draft_length += S;
+
+  const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
+  if (out_streams) out_streams->assign(y.begin() + first * width, y.end());
+  return head_logits(c, hp, m.hc_head, m.norm, k, draft_top_kernels_, *tensors_.head, &y[first * width], n);
+}
+
+SequenceMark Model::mark(const Sequence& seq, int64_t ahead) const {
+  SequenceMark m = mark_layers(seq.layers, seq.length, ahead, config_.sliding_window, config_.head_dim);
+  return m;
+}
+
+void Model::rewind(Sequence& seq, const SequenceMark& mark, const ForwardJournal& journal, int64_t keep) const {
+  const ModelConfig& c = config_;
+  if (journal.size() != seq.layers.size()) fail(ErrorCode::usage, {}, "a rewind needs the journal of the forward it undoes");
+  restore_layers(seq.layers, mark, keep, c.sliding_window, c.head_dim);
+  // The kept tokens' projections join the restored compressors again: the same windows
+  // close into the same entries.
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const AttentionWeights& a = tensors_.layers[l].attn;
+    const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
+    const Step s{c, layer_kernels_[l], rope, mark.length, keep, {}};
+    LayerState& st = seq.layers[l];
+    if (a.compressor) append(s, *a.compressor, st.compressor, journal[l].compressor.kv.data(), journal[l].compressor.gate.data(), keep);
+    if (a.indexer) {
+      append(s, a.indexer->compressor, st.indexer, journal[l].indexer.kv.data(), journal[l].indexer.gate.data(), keep);
+    }
+  }
+  seq.length = mark.length + keep;
+}
+
+SequenceMark Model::mark_draft(const Sequence& seq, int64_t ahead) const {
+  return mark_layers(seq.draft, seq.draft_length, ahead, config_.sliding_window, config_.head_dim);
+}
+
+void Model::rewind_draft(Sequence& seq, const SequenceMark& mark) const {
+  restore_layers(seq.draft, mark, 0, config_.sliding_window, config_.head_dim);
+  seq.draft_length = mark.length;
 }
 
 }  // namespace keel

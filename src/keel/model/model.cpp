@@ -41,8 +41,10 @@ void prefault(const ModelWeights& weights, const Model::Progress& progress) {
 
 uint64_t Sequence::state_bytes() const {
   uint64_t bytes = 0;
-  for (const LayerState& l : layers) {
-    bytes += floats_bytes(l.window) + compressor_bytes(l.compressor) + compressor_bytes(l.indexer);
+  for (const auto* group : {&layers, &draft}) {
+    for (const LayerState& l : *group) {
+      bytes += floats_bytes(l.window) + compressor_bytes(l.compressor) + compressor_bytes(l.indexer);
+    }
   }
   return bytes;
 }
@@ -59,6 +61,10 @@ std::unique_ptr<Model> Model::load(const std::string& directory, const Progress&
   m->checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(directory));
   m->weights_ = std::make_unique<ModelWeights>(ModelWeights::bind(*m->checkpoint_, m->config_));
   m->tensors_ = gather_tensors(*m->weights_, m->config_);
+  if (m->has_draft()) {
+    m->draft_kernels_ = bind_kernels(m->plan_, m->config_.num_hidden_layers, ModelRole::draft);
+    m->draft_top_kernels_ = bind_kernels(m->plan_, -1, ModelRole::draft);
+  }
   m->rope_main_ = Rope(m->config_.rope_main);
   m->rope_compress_ = Rope(m->config_.rope_compress);
   if (progress) prefault(*m->weights_, progress);
@@ -68,6 +74,7 @@ std::unique_ptr<Model> Model::load(const std::string& directory, const Progress&
 Sequence Model::new_sequence() const {
   Sequence s;
   s.layers.resize(static_cast<size_t>(config_.num_hidden_layers));
+  s.draft.resize(has_draft() ? 1 : 0);
   return s;
 }
 

@@ -25,6 +25,22 @@ namespace keel {
 
 enum class LogitRows { all, last };
 
+// A forward call's compressor inputs, per layer: the projections (kv, gate) of the
+// chunk's tokens, which Model::rewind replays for the tokens it keeps.
+struct CompressorJournal {
+  std::vector<float> kv, gate;
+};
+struct LayerJournal {
+  CompressorJournal compressor, indexer;
+};
+using ForwardJournal = std::vector<LayerJournal>;
+
+// What a forward call can hand back besides logits (speculative decoding's needs).
+struct ForwardExtras {
+  std::vector<float>* streams = nullptr;  // every token's streams before hc_head, [tokens, hc, D]
+  ForwardJournal* journal = nullptr;
+};
+
 // Error(bad_input) for an empty call, an id outside the vocabulary (naming it and its
 // index), or a sequence of `length` tokens that `tokens` would take past
 // max_position_embeddings. Every backend checks its input with it.
@@ -57,7 +73,25 @@ class Model {
   // empty call, or a sequence that would pass max_position_embeddings; the sequence is
   // unchanged then.
   std::vector<float> forward(Sequence& sequence, std::span<const int32_t> tokens,
-                             LogitRows rows = LogitRows::all) const;
+                             LogitRows rows = LogitRows::all, const ForwardExtras& extras = {}) const;
+
+  // --- The MTP layer (dsv4-forward.md §8), for speculative decoding ---
+  bool has_draft() const { return !tensors_.mtp.empty(); }
+  // Runs the MTP layer at positions draft_length .. + n - 1: row i takes the trunk's
+  // streams at that position (`trunk_streams`, [n, hc, D], as forward's extras give
+  // them, or the MTP's own output streams for a further draft) and the token after it
+  // (`next_tokens`), and gives the logits for the token after that ([n, V], or only the
+  // last row). `out_streams` gets the MTP block's output streams of those rows.
+  std::vector<float> draft(Sequence& sequence, std::span<const float> trunk_streams,
+                           std::span<const int32_t> next_tokens, LogitRows rows = LogitRows::last,
+                           std::vector<float>* out_streams = nullptr) const;
+  // Rewinding the trunk: mark before a forward of at most `ahead` tokens (with a
+  // journal), then keep only the first `keep` of them.
+  SequenceMark mark(const Sequence& sequence, int64_t ahead) const;
+  void rewind(Sequence& sequence, const SequenceMark& mark, const ForwardJournal& journal, int64_t keep) const;
+  // The same for the MTP layer's state (a sliding-window block: nothing to replay).
+  SequenceMark mark_draft(const Sequence& sequence, int64_t ahead) const;
+  void rewind_draft(Sequence& sequence, const SequenceMark& mark) const;
 
   // Weight bytes one decode step reads: every dense linear, k routed experts per MoE
   // layer, one embedding row and the lm_head (for bandwidth figures).
@@ -75,6 +109,8 @@ class Model {
   Plan plan_;
   LayerKernels top_kernels_;                 // embedding, hc_head, final norm, lm_head
   std::vector<LayerKernels> layer_kernels_;  // trunk layers
+  LayerKernels draft_kernels_;               // the MTP layer (model role: draft)
+  LayerKernels draft_top_kernels_;           // the draft's embedding and lm_head
   Rope rope_main_;      // sliding layers
   Rope rope_compress_;  // CSA / HCA layers
 };

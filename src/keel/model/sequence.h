@@ -4,6 +4,7 @@
 // projections. Nothing is sized by the maximum context.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -30,9 +31,44 @@ struct LayerState {
 struct Sequence {
   int64_t length = 0;  // tokens processed; the next token's position
   std::vector<LayerState> layers;
+  // The MTP layer's own state (dsv4-forward.md §8): its block's sliding-window ring, and
+  // how many positions it has run (it runs position p from the trunk's streams at p and
+  // token p + 1, so it trails the trunk by at least one).
+  std::vector<LayerState> draft;
+  int64_t draft_length = 0;
 
   // Bytes held, for reports and tests of growth.
   uint64_t state_bytes() const;
 };
+
+// What rewinding a sequence to an earlier length needs, taken before tokens run on it
+// (speculative decoding's verification, which may keep only some of them): the ring
+// rows those tokens overwrite, and each compressor's open window, carry and count. The
+// compressors' entries are truncated, and the kept tokens' projections replayed
+// (Model::rewind), so no state ever has to be copied whole.
+struct SequenceMark {
+  struct Compressor {
+    int64_t count = 0;
+    size_t entry_floats = 0;
+    int pending = 0;
+    std::vector<float> pending_kv, pending_gate, carry_kv, carry_gate;
+  };
+  struct Layer {
+    std::vector<float> ring_rows;  // the slots of positions [length, length + ahead), in order
+    bool ring_empty = false;
+    Compressor compressor, indexer;
+  };
+  int64_t length = 0, ahead = 0;
+  std::vector<Layer> layers;
+};
+
+// Marks `layers` at `length` before at most `ahead` more tokens run
+// (ahead <= sliding_window).
+SequenceMark mark_layers(const std::vector<LayerState>& layers, int64_t length, int64_t ahead, int64_t sliding_window,
+                         int64_t head_dim);
+// Puts the ring rows and the compressors back as they were at the mark; the ring rows
+// of the first `keep` positions after it stay as they are now.
+void restore_layers(std::vector<LayerState>& layers, const SequenceMark& mark, int64_t keep, int64_t sliding_window,
+                    int64_t head_dim);
 
 }  // namespace keel

@@ -303,6 +303,11 @@ RowRange resolve(const Weight& w, RowRange range, ConstRows x, Rows y) {
   return range;
 }
 
+// Up to this many tokens each reads the stored row as a one-token decode does (the row
+// stays in cache between them), so a decode step and a speculative verification of up
+// to 3 drafts give every token the same bits. More tokens decode the row once to f32.
+constexpr int64_t kTokensAsDecode = 4;
+
 // Below this much work a parallel region costs more than it saves.
 constexpr int64_t kParallelWork = 1 << 15;
 
@@ -323,8 +328,8 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range) {
     std::vector<float> buffer(static_cast<size_t>(in));
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < range.count; ++o) {
-      if (x.count == 1) {  // decode: read the stored row once
-        y.row(0)[o] = reader.dot(range.begin + o, x.row(0), buffer.data());
+      if (x.count <= kTokensAsDecode) {  // decode and verification: each token as a decode step
+        for (int64_t t = 0; t < x.count; ++t) y.row(t)[o] = reader.dot(range.begin + o, x.row(t), buffer.data());
         continue;
       }
       const float* row = reader.decode(range.begin + o, buffer.data());
