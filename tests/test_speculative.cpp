@@ -146,12 +146,12 @@ TEST(Mtp, SpeculativeDecodingGivesThePlainTokens) {
   for (const SamplingParams& p : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_p = 0.95f, .seed = 11}}) {
     const std::vector<int32_t> want = plain(m, prompt, n, p);
     for (int k = 1; k <= kMaxDraftTokens; ++k) {
-      SpeculativeDecoder spec(m, k);
+      CpuSpeculativeTarget target(m);
+      SpeculativeDecoder spec(target, k);
       Sampler sampler(p);
-      Sequence seq = m.new_sequence();
-      std::vector<int32_t> got{spec.start(seq, prompt, sampler)};
+      std::vector<int32_t> got{spec.start(prompt, sampler)};
       while (static_cast<int>(got.size()) < n) {
-        const std::vector<int32_t> step = spec.step(seq, sampler);
+        const std::vector<int32_t> step = spec.step(sampler);
         got.insert(got.end(), step.begin(), step.end());
       }
       got.resize(n);

@@ -121,26 +121,26 @@ void run(const RunOptions& o) {
   Runner runner(*loaded.executor);
   // Tokens come in groups: one per step, or with speculative decoding the step's kept
   // drafts and the trunk's next token (the same tokens, fewer trunk forwards).
+  std::optional<CpuSpeculativeTarget> target;
   std::optional<SpeculativeDecoder> speculative;
-  Sequence spec_sequence;
   std::vector<int32_t> ready;
   const auto t0 = std::chrono::steady_clock::now();
   if (o.speculative > 0) {
     if (loaded.executor->device().rfind("cpu", 0) != 0) {
       fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding runs on the CPU only so far");
     }
-    speculative.emplace(*loaded.model, o.speculative);
-    spec_sequence = loaded.model->new_sequence();
-    ready = {speculative->start(spec_sequence, prompt, sampler)};
+    target.emplace(*loaded.model);
+    speculative.emplace(*target, o.speculative);
+    ready = {speculative->start(prompt, sampler)};
   } else {
     ready = {runner.next(prompt, sampler)};
   }
   const auto t1 = std::chrono::steady_clock::now();
   size_t at = 0;
-  const auto length = [&] { return speculative ? spec_sequence.length : runner.length(); };
+  const auto length = [&] { return target ? target->length() : runner.length(); };
   const auto take = [&] {
     if (at == ready.size()) {
-      ready = speculative ? speculative->step(spec_sequence, sampler) : std::vector{runner.next(std::span(&ready.back(), 1), sampler)};
+      ready = speculative ? speculative->step(sampler) : std::vector{runner.next(std::span(&ready.back(), 1), sampler)};
       at = 0;
     }
     return ready[at++];

@@ -25,16 +25,65 @@ namespace keel {
 // path (ops/linear.cpp), where a token's logits are those of a decode step, bit for bit.
 inline constexpr int kMaxDraftTokens = 3;
 
+// What speculative decoding needs from a model with an MTP layer and one sequence on
+// it; the CPU's (below) and a GPU's implement it. Logits come back as host rows [n, V].
+// The trunk's streams stay with the implementation: they wait for the MTP layer, which
+// runs position p from the trunk's streams at p and the token after it.
+class SpeculativeTarget {
+ public:
+  virtual ~SpeculativeTarget() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual int64_t length() const = 0;  // trunk tokens run
+  // The trunk runs the prompt (a fresh sequence): the last row's logits.
+  virtual std::vector<float> prefill(std::span<const int32_t> prompt) = 0;
+  // The MTP layer runs every waiting position, row i with next_tokens[i] (as many as
+  // are waiting): the last row's logits. Then further drafts may follow.
+  virtual std::vector<float> draft(std::span<const int32_t> next_tokens) = 0;
+  // One more MTP position, from its own last output streams and `token`.
+  virtual std::vector<float> draft_more(int32_t token) = 0;
+  // Undoes the draft_more positions since the last draft().
+  virtual void undo_drafts() = 0;
+  // The trunk runs `tokens` (1 .. kMaxDraftTokens + 1): every row's logits.
+  virtual std::vector<float> verify(std::span<const int32_t> tokens) = 0;
+  // Keeps the first `keep` tokens of the last verify (the trunk is rewound to them); their
+  // streams wait for the MTP layer.
+  virtual void keep(int64_t keep) = 0;
+};
+
+// The CPU's: a Model and a sequence of its own.
+class CpuSpeculativeTarget final : public SpeculativeTarget {
+ public:
+  explicit CpuSpeculativeTarget(const Model& model);
+  const ModelConfig& config() const override { return model_.config(); }
+  int64_t length() const override { return sequence_.length; }
+  std::vector<float> prefill(std::span<const int32_t> prompt) override;
+  std::vector<float> draft(std::span<const int32_t> next_tokens) override;
+  std::vector<float> draft_more(int32_t token) override;
+  void undo_drafts() override;
+  std::vector<float> verify(std::span<const int32_t> tokens) override;
+  void keep(int64_t keep) override;
+
+ private:
+  const Model& model_;
+  Sequence sequence_;
+  std::vector<float> waiting_;       // trunk streams of the positions the MTP layer has not run
+  std::vector<float> verified_;      // the last verify's streams
+  std::vector<float> draft_streams_; // the MTP layer's last output row
+  SequenceMark trunk_mark_, draft_mark_;
+  ForwardJournal journal_;
+  int64_t verified_tokens_ = 0;
+};
+
 class SpeculativeDecoder {
  public:
   // draft_tokens: 1 .. kMaxDraftTokens. Error(usage) for a model without an MTP layer.
-  SpeculativeDecoder(const Model& model, int draft_tokens);
+  SpeculativeDecoder(SpeculativeTarget& target, int draft_tokens);
 
-  // Runs the prompt on a fresh sequence; returns the first token `sampler` chooses.
-  int32_t start(Sequence& sequence, std::span<const int32_t> prompt, Sampler& sampler);
+  // Runs the prompt; returns the first token `sampler` chooses.
+  int32_t start(std::span<const int32_t> prompt, Sampler& sampler);
   // Drafts, verifies and returns the next tokens (1 .. draft_tokens + 1), each chosen by
   // `sampler` from the trunk's logits. The last one has not run through the trunk yet.
-  std::vector<int32_t> step(Sequence& sequence, Sampler& sampler);
+  std::vector<int32_t> step(Sampler& sampler);
 
   struct Stats {
     int64_t steps = 0;     // trunk forwards after the prompt
@@ -45,12 +94,9 @@ class SpeculativeDecoder {
   const Stats& stats() const { return stats_; }
 
  private:
-  const Model& model_;
+  SpeculativeTarget& target_;
   int draft_tokens_;
-  // The MTP layer's inputs not run yet: for positions draft_length .. length − 1, the
-  // trunk's streams and the token after each (the last is the next token).
-  std::vector<float> streams_;
-  std::vector<int32_t> tokens_;
+  std::vector<int32_t> waiting_tokens_;  // the token after each position waiting for the MTP layer
   Stats stats_;
 };
 
