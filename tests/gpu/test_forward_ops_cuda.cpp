@@ -96,5 +96,27 @@ TEST(CudaForwardOps, CompressorSlotsFollowTheirDefinition) {
   }
 }
 
+// Each token's row of e joins every one of its group's rows, and nothing else changes.
+TEST(CudaForwardOps, AddToGroupsAddsEachTokensRowToItsGroup) {
+  const int64_t rows = 5, width = 301;
+  const int group = 4;
+  const std::vector<float> y0 = keel::testing::random_normal(rows * group * width, 41);
+  const std::vector<float> e = keel::testing::random_normal(rows * width, 42);
+  float* y = device_copy(y0);
+  float* de = device_copy(e);
+  add_to_groups(y, de, rows, group, width);
+  const std::vector<float> got = host_copy(y, y0.size());
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int j = 0; j < group; ++j) {
+      for (int64_t c = 0; c < width; ++c) {
+        const int64_t at = (t * group + j) * width + c;
+        ASSERT_EQ(got[at], y0[at] + e[t * width + c]) << t << " " << j << " " << c;
+      }
+    }
+  }
+  cudaFree(y);
+  cudaFree(de);
+}
+
 }  // namespace
 }  // namespace keel::cuda

@@ -121,15 +121,12 @@ void run(const RunOptions& o) {
   Runner runner(*loaded.executor);
   // Tokens come in groups: one per step, or with speculative decoding the step's kept
   // drafts and the trunk's next token (the same tokens, fewer trunk forwards).
-  std::optional<CpuSpeculativeTarget> target;
+  std::unique_ptr<SpeculativeTarget> target;
   std::optional<SpeculativeDecoder> speculative;
   std::vector<int32_t> ready;
   const auto t0 = std::chrono::steady_clock::now();
   if (o.speculative > 0) {
-    if (loaded.executor->device().rfind("cpu", 0) != 0) {
-      fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding runs on the CPU only so far");
-    }
-    target.emplace(*loaded.model);
+    target = loaded.executor->speculative_target();
     speculative.emplace(*target, o.speculative);
     ready = {speculative->start(prompt, sampler)};
   } else {
@@ -191,7 +188,7 @@ void run(const RunOptions& o) {
 }  // namespace
 
 void add_run(CLI::App& app) {
-  auto* cmd = app.add_subcommand("run", "Generate from a prompt (CPU)");
+  auto* cmd = app.add_subcommand("run", "Generate from a prompt");
   auto o = std::make_shared<RunOptions>();
   cmd->add_option("--model", o->model, "Model directory")->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added)");

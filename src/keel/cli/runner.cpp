@@ -8,6 +8,7 @@
 #if KEEL_HAVE_CUDA
 #include "cuda/device.h"
 #include "cuda/gpu_model.h"
+#include "cuda/speculative_target.h"
 #endif
 #if KEEL_HAVE_NCCL
 #include "parallel/expert_parallel.h"
@@ -51,6 +52,9 @@ class GpuExecutor final : public Executor {
   }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
+  std::unique_ptr<SpeculativeTarget> speculative_target() const override {
+    return std::make_unique<cuda::GpuSpeculativeTarget>(*model_);
+  }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
   double measure_tensor_throughput() const override { return cuda::mma_bf16_throughput(index_, 5); }
   std::optional<Memory> device_memory() const override {

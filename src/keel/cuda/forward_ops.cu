@@ -19,6 +19,13 @@ __global__ void copy_kernel(const CopyJob* jobs) {
   for (int64_t i = first + threadIdx.x; i < end; i += kThreads) job.dst[i] = job.src[i];
 }
 
+__global__ void add_to_groups_kernel(float* y, const float* e, int64_t rows, int group, int64_t width) {
+  const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (i >= rows * group * width) return;
+  const int64_t c = i % width, t = i / (width * group);
+  y[i] += e[t * width + c];
+}
+
 __global__ void scale_kernel(float* x, int64_t count, float factor) {
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (i < count) x[i] *= factor;
@@ -59,6 +66,13 @@ void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream) {
   copy_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(chunks)), kThreads, 0,
                 static_cast<cudaStream_t>(stream)>>>(jobs);
   check(cudaGetLastError(), "copy_batch launch");
+}
+
+void add_to_groups(float* y, const float* e, int64_t rows, int group, int64_t width, void* stream) {
+  const int64_t n = rows * group * width;
+  if (n <= 0) return;
+  add_to_groups_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(y, e, rows, group, width);
+  check(cudaGetLastError(), "add_to_groups launch");
 }
 
 void scale(float* x, int64_t count, float factor, void* stream) {

@@ -20,6 +20,10 @@ struct CopyJob {
 // `longest` bounds every job's count.
 void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream = nullptr);
 
+// y[(t·group + j)·width + c] += e[t·width + c] for t < rows, j < group: a row of e added to
+// each of its token's `group` rows (the MTP layer's embedding term on every stream).
+void add_to_groups(float* y, const float* e, int64_t rows, int group, int64_t width, void* stream = nullptr);
+
 // x[i] *= factor for i < count.
 void scale(float* x, int64_t count, float factor, void* stream = nullptr);
 

@@ -72,15 +72,15 @@ struct DeviceExpert {
 
 namespace {
 
-GpuModel::Kernels bind_layer(const Plan& plan, int layer) {
+GpuModel::Kernels bind_layer(const Plan& plan, int layer, ModelRole role = ModelRole::target) {
   GpuModel::Kernels k;
-  bind_common(k, plan, layer, ModelRole::target);
-  bind_entry(k.used, plan, layer, ModelRole::target, Op::moe_routing, k.routing);
+  bind_common(k, plan, layer, role);
+  bind_entry(k.used, plan, layer, role, Op::moe_routing, k.routing);
   // Sampling is the device kernel when the plan chose it; the plan's "host" sampler is
   // the CPU's over rows copied back.
-  const PlanEntry* sampling = layer < 0 ? plan.find(layer, ModelRole::target, Op::sampling) : nullptr;
+  const PlanEntry* sampling = layer < 0 ? plan.find(layer, role, Op::sampling) : nullptr;
   if (sampling && sampling->kernel->has_entry<decltype(cuda::summarize_rows)>()) {
-    bind_entry(k.used, plan, layer, ModelRole::target, Op::sampling, k.sample);
+    bind_entry(k.used, plan, layer, role, Op::sampling, k.sample);
   }
   return k;
 }
@@ -219,6 +219,12 @@ struct GpuModel::Layer {
   DeviceExpert shared;
 };
 
+// The MTP layer's weights besides its block (dsv4-forward.md §8).
+struct GpuModel::Mtp {
+  DeviceLinear e_proj, h_proj;
+  DeviceBuffer<float> enorm, hnorm, norm, hc_fn, hc_base, hc_scale;
+};
+
 // Page-locked host memory for what comes back (logits, sampling summaries), grown as
 // needed.
 template <typename T>
@@ -273,6 +279,12 @@ float* grow(DeviceBuffer<float>& b, int64_t n) {
   return b.data();
 }
 
+// `to` becomes a copy of `count` floats at `from` (device memory), asynchronously.
+void copy_into(DeviceBuffer<float>& to, const float* from, int64_t count, cudaStream_t stream) {
+  float* dst = grow(to, count);
+  if (count) check_api(cudaMemcpyAsync(dst, from, count * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+}
+
 // What every step of one forward call shares (model/forward.cpp's Step). A call's rows
 // are the tokens of every chunk in the batch, chunk after chunk.
 struct Step {
@@ -284,6 +296,7 @@ struct Step {
   cudaStream_t stream;
   int64_t count;                    // rows
   std::span<const int32_t> tokens;  // the token of each row
+  DeviceJournal* journal = nullptr;  // speculative verification: keeps the compressors' inputs
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
 
   // y = x·Wᵀ through the plan's kernel for the weight's planned format.
@@ -543,6 +556,16 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     index_q = iq;
     index_w = iw;
   }
+  if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
+    auto& saved = s.journal->layers.at(static_cast<size_t>(layer));
+    const auto keep = [&](DeviceBuffer<float>& to, const float* from, int64_t width) {
+      if (from) copy_into(to, from, S * width, s.stream);
+    };
+    if (L.compressor) keep(saved[0], ckv, L.compressor->width()), keep(saved[1], cgate, L.compressor->width());
+    if (L.index_compressor) {
+      keep(saved[2], ikv, L.index_compressor->width()), keep(saved[3], igate, L.index_compressor->width());
+    }
+  }
   std::vector<CopyJob> jobs;
   ClosingWindows closing, index_closing;
   for (const Part& part : parts) {  // this chunk's keys and entries into each sequence's state
@@ -747,6 +770,13 @@ void hyper_block(const Step& s, const HyperParams& hp, const DeviceSite& site, c
   hyper_expand(hp, post, comb, y, ws.streams.data(), S, s.stream);
 }
 
+// One decoder layer over the call's streams (ws.streams); `layer` indexes the sequences'
+// states (the MTP block's is after the trunk's).
+void run_layer(const Step& s, const HyperParams& hp, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+  hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, layer, parts, x, y); });
+  hyper_block(s, hp, L.hc_ffn, L.ffn_norm, [&](const float* x, float* y) { moe(s, L, x, y); });
+}
+
 DeviceLinear upload_linear(const Weight* w, std::vector<DeviceWeight>& owned, uint64_t& bytes) {
   DeviceLinear l{upload(*w), w->spec->format};
   owned.push_back(l.w);
@@ -791,6 +821,12 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   check_api(cudaStreamCreate(&m->stream_), "cudaStreamCreate");
   m->top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1));
   for (int l = 0; l < c.num_hidden_layers; ++l) m->layer_kernels_.push_back(bind_layer(m->plan_, l));
+  m->has_draft_ = !model.tensors().mtp.empty() && m->share_.ranks() == 1;
+  if (m->has_draft_) {
+    m->layer_kernels_.push_back(bind_layer(m->plan_, c.num_hidden_layers, ModelRole::draft));
+    m->draft_top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1, ModelRole::draft));
+    m->draft_top_kernels_->check(*arch);
+  }
   m->top_kernels_->check(*arch);
   for (const Kernels& k : m->layer_kernels_) k.check(*arch);
   m->work_ = std::make_unique<Workspace>();
@@ -823,10 +859,8 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   upload_floats(m->head_fn_, t.hc_head.fn);
   upload_floats(m->head_base_, t.hc_head.base);
   upload_floats(m->head_scale_, t.hc_head.scale);
-  m->layers_.resize(t.layers.size());
-  for (size_t l = 0; l < t.layers.size(); ++l) {
-    const LayerWeights& w = t.layers[l];
-    Layer& d = m->layers_[l];
+  const auto upload_layer = [&](const LayerWeights& w) {
+    Layer& d = m->layers_.emplace_back();
     d.kind = w.attn.kind;
     site(d.hc_attn, w.hc_attn);
     site(d.hc_ffn, w.hc_ffn);
@@ -869,6 +903,20 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
     d.w2s.assign(std::span<const DeviceWeight>(w2s));
     d.w3s.assign(std::span<const DeviceWeight>(w3s));
     d.shared = expert(w.ffn.shared);
+  };
+  for (const LayerWeights& w : t.layers) upload_layer(w);
+  if (m->has_draft_) {  // the MTP block after the trunk's layers, and its own weights
+    const MtpWeights& w = t.mtp.front();
+    upload_layer(w.block);
+    m->mtp_ = std::make_unique<Mtp>();
+    m->mtp_->e_proj = linear(w.e_proj);
+    m->mtp_->h_proj = linear(w.h_proj);
+    upload_floats(m->mtp_->enorm, w.enorm);
+    upload_floats(m->mtp_->hnorm, w.hnorm);
+    upload_floats(m->mtp_->norm, w.norm);
+    upload_floats(m->mtp_->hc_fn, w.hc_head.fn);
+    upload_floats(m->mtp_->hc_base, w.hc_head.base);
+    upload_floats(m->mtp_->hc_scale, w.hc_head.scale);
   }
   m->rope_main_ = upload(Rope(c.rope_main));
   m->rope_compress_ = upload(Rope(c.rope_compress));
@@ -896,14 +944,14 @@ DeviceLayerState DeviceLayerState::copy() const {
 
 DeviceSequence GpuModel::clone(const DeviceSequence& sequence) const {
   check_api(cudaSetDevice(device_), "cudaSetDevice");
-  DeviceSequence out{sequence.length, {}};
+  DeviceSequence out{sequence.length, {}, sequence.draft_length};
   for (const DeviceLayerState& l : sequence.layers) out.layers.push_back(l.copy());
   return out;
 }
 
 DeviceSequence GpuModel::new_sequence() const {
   DeviceSequence s;
-  s.layers.resize(static_cast<size_t>(config().num_hidden_layers));
+  s.layers.resize(static_cast<size_t>(config().num_hidden_layers + (has_draft_ ? 1 : 0)));
   return s;
 }
 
@@ -913,7 +961,8 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
   return std::move(forward(std::span(&chunk, 1), rows).front());
 }
 
-int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows) const {
+int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows,
+                      DeviceJournal* journal) const {
   const ModelConfig& c = config();
   // Every chunk is checked before any state changes: a bad one fails the call alone.
   std::vector<Part> parts;
@@ -952,9 +1001,8 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     const Kernels& k = layer_kernels_[l];
     k.check(plan_.arch);
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, share_, k, rope, ws, stream_, S, tokens};
-    hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, l, parts, x, y); });
-    hyper_block(s, hp, L.hc_ffn, L.ffn_norm, [&](const float* x, float* y) { moe(s, L, x, y); });
+    const Step s{c, share_, k, rope, ws, stream_, S, tokens, journal};
+    run_layer(s, hp, L, l, parts);
   }
   for (const Part& p : parts) p.sequence->length += p.count;
 
@@ -1090,6 +1138,177 @@ std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceC
     out[chosen[j]] = std::move(s);
   }
   return out;
+}
+
+// --- The MTP layer and speculative decoding ---------------------------------------------
+
+std::vector<float> GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<const int32_t> next_tokens,
+                                   DeviceBuffer<float>& out_streams) const {
+  if (!has_draft_) fail(ErrorCode::usage, {}, "this model has no MTP layer to draft with");
+  const ModelConfig& c = config();
+  check_tokens(c, seq.draft_length + 1, next_tokens);
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  const HyperParams hp = hyper_params(c);
+  const int64_t S = static_cast<int64_t>(next_tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const int layer = c.num_hidden_layers;
+  const Kernels& k = layer_kernels_[layer];
+  const Kernels& top = *draft_top_kernels_;
+  k.check(plan_.arch);
+  top.check(plan_.arch);
+  Workspace& ws = *work_;
+  const Mtp& m = *mtp_;
+  std::vector<int64_t> positions(S);
+  for (int64_t i = 0; i < S; ++i) positions[i] = seq.draft_length + i;
+  ws.stage.reset();
+  ws.stage.upload(ws.tokens, next_tokens, stream_);
+  ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
+  const Step s{c, share_, k, rope_main_, ws, stream_, S, next_tokens};
+  // e = RMSNorm(embed[t]; enorm) · e_projᵀ; each stream RMSNorm(X; hnorm) · h_projᵀ + e.
+  float* e = grow(ws.head_in, S * D);
+  top.embedding(embed_, ws.tokens.data(), S, 1, e, stream_);
+  k.norm(e, m.enorm.data(), s.eps(), e, S, D, stream_);
+  float* ep = grow(ws.y, S * D);
+  s.linear(m.e_proj, e, ep, S);
+  float* normed = grow(ws.x, S * hp.hc * D);
+  k.norm(streams, m.hnorm.data(), s.eps(), normed, S * hp.hc, D, stream_);
+  float* y = grow(ws.streams, S * hp.hc * D);
+  s.linear(m.h_proj, normed, y, S * hp.hc);
+  add_to_groups(y, ep, S, hp.hc, D, stream_);
+  const Part part{&seq, seq.draft_length, 0, S};
+  run_layer(s, hp, layers_[layer], layer, std::span(&part, 1));
+  seq.draft_length += S;
+  // The last row: its streams for a further draft, its logits through the MTP's head.
+  const float* last = ws.streams.data() + (S - 1) * hp.hc * D;
+  copy_into(out_streams, last, hp.hc * D, stream_);
+  float* h = grow(ws.head_in, D);
+  float* scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, 1));
+  hyper_head(hp, m.hc_fn.data(), m.hc_base.data(), m.hc_scale.data(), last, 1, h, scratch, stream_);
+  k.norm(h, m.norm.data(), s.eps(), h, 1, D, stream_);
+  grow(ws.logits, V);
+  top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), 1, stream_);
+  const float* logits = copy_back_logits(1);
+  return {logits, logits + V};
+}
+
+std::vector<float> GpuModel::verify(DeviceSequence& seq, std::span<const int32_t> tokens, LogitRows which,
+                                    DeviceBuffer<float>& streams, DeviceJournal* journal) const {
+  const ModelConfig& c = config();
+  if (journal) journal->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  const DeviceChunk chunk{&seq, tokens};
+  const int64_t n = static_cast<int64_t>(tokens.size()), head_rows = which == LogitRows::last ? 1 : n;
+  const int64_t rows = run(std::span(&chunk, 1), std::span(&head_rows, 1), journal);
+  copy_into(streams, work_->streams.data(), n * c.hc_mult * c.hidden_size, stream_);
+  const float* logits = copy_back_logits(rows);
+  return {logits, logits + rows * c.vocab_size};
+}
+
+void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count, int64_t length, int64_t ahead,
+                           DeviceMark& mark) const {
+  const int64_t sw = config().sliding_window, hd = config().head_dim;
+  if (ahead < 0 || ahead > sw) fail(ErrorCode::usage, {}, "a sequence mark covers 0 .. sliding_window tokens ahead");
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  mark.length = length;
+  mark.ahead = ahead;
+  mark.layers.resize(count);
+  const auto keep_state = [&](DeviceCompressorState& to, const DeviceCompressorState& from) {
+    to.count = from.count;
+    to.pending = from.pending;
+    copy_into(to.pending_kv, from.pending_kv.data(), static_cast<int64_t>(from.pending_kv.size()), stream_);
+    copy_into(to.pending_gate, from.pending_gate.data(), static_cast<int64_t>(from.pending_gate.size()), stream_);
+    copy_into(to.previous_kv, from.previous_kv.data(), static_cast<int64_t>(from.previous_kv.size()), stream_);
+    copy_into(to.previous_gate, from.previous_gate.data(), static_cast<int64_t>(from.previous_gate.size()), stream_);
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const DeviceLayerState& st = seq.layers[first + i];
+    DeviceMark::Layer& ml = mark.layers[i];
+    ml.ring_empty = st.keys.size() == 0;
+    float* ring = grow(ml.ring, ahead * hd);
+    for (int64_t p = length; p < length + ahead && !ml.ring_empty; ++p) {
+      check_api(cudaMemcpyAsync(ring + (p - length) * hd, st.keys.data() + (p % sw) * hd, hd * kF,
+                                cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+    }
+    keep_state(ml.compressor, st.compressor);
+    keep_state(ml.indexer, st.indexer);
+    ml.index_floats = st.index_keys.size();
+  }
+}
+
+void GpuModel::restore_layers(DeviceSequence& seq, size_t first, const DeviceMark& mark, int64_t keep) const {
+  const int64_t sw = config().sliding_window, hd = config().head_dim;
+  if (keep < 0 || keep > mark.ahead) fail(ErrorCode::usage, {}, "a sequence is rewound past the tokens of its mark");
+  const auto put_back = [&](DeviceCompressorState& to, const DeviceCompressorState& from) {
+    to.count = from.count;
+    to.pending = from.pending;
+    copy_into(to.pending_kv, from.pending_kv.data(), static_cast<int64_t>(from.pending_kv.size()), stream_);
+    copy_into(to.pending_gate, from.pending_gate.data(), static_cast<int64_t>(from.pending_gate.size()), stream_);
+    copy_into(to.previous_kv, from.previous_kv.data(), static_cast<int64_t>(from.previous_kv.size()), stream_);
+    copy_into(to.previous_gate, from.previous_gate.data(), static_cast<int64_t>(from.previous_gate.size()), stream_);
+  };
+  for (size_t i = 0; i < mark.layers.size(); ++i) {
+    DeviceLayerState& st = seq.layers[first + i];
+    const DeviceMark::Layer& ml = mark.layers[i];
+    for (int64_t p = mark.length + keep; p < mark.length + mark.ahead && !ml.ring_empty; ++p) {
+      check_api(cudaMemcpyAsync(st.keys.data() + (p % sw) * hd, ml.ring.data() + (p - mark.length) * hd, hd * kF,
+                                cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+    }
+    put_back(st.compressor, ml.compressor);
+    put_back(st.indexer, ml.indexer);
+    st.index_keys.resize(ml.index_floats);
+  }
+}
+
+void GpuModel::mark(const DeviceSequence& seq, int64_t ahead, DeviceMark& mark) const {
+  mark_layers(seq, 0, static_cast<size_t>(config().num_hidden_layers), seq.length, ahead, mark);
+}
+
+void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJournal& journal, int64_t keep) const {
+  const ModelConfig& c = config();
+  const int64_t sw = c.sliding_window, hd = c.head_dim;
+  if (journal.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
+    fail(ErrorCode::usage, {}, "a rewind needs the journal of the verification it undoes");
+  }
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  work_->stage.reset();  // the last call ended synchronized
+  restore_layers(seq, 0, mark, keep);
+  // The kept tokens' compressor inputs join the restored compressors again: the same
+  // windows close into the same entries.
+  for (int l = 0; l < c.num_hidden_layers && keep > 0; ++l) {
+    const Layer& L = layers_[l];
+    if (!L.compressor && !L.index_compressor) continue;
+    const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
+    const Step s{c, share_, layer_kernels_[l], rope, *work_, stream_, keep, {}};
+    DeviceLayerState& st = seq.layers[l];
+    const auto& saved = journal.layers[l];
+    std::vector<CopyJob> jobs;
+    ClosingWindows closing, index_closing;
+    if (L.compressor) {
+      compress(*L.compressor, st.compressor, saved[0].data(), saved[1].data(), keep,
+               st.keys.data() + (sw + st.chunk_rows) * hd, jobs, closing);
+      close_windows(s, *L.compressor, closing);
+    }
+    if (L.index_compressor) {
+      const DeviceCompressor& ic = *L.index_compressor;
+      st.index_keys.resize((st.indexer.count + (st.indexer.pending + keep) / ic.ratio) * ic.dim);
+      compress(ic, st.indexer, saved[2].data(), saved[3].data(), keep, st.index_keys.data(), jobs, index_closing);
+      close_windows(s, ic, index_closing);
+    }
+    copy_jobs(s, jobs);
+  }
+  seq.length = mark.length + keep;
+  check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void GpuModel::mark_draft(const DeviceSequence& seq, int64_t ahead, DeviceMark& mark) const {
+  mark_layers(seq, static_cast<size_t>(config().num_hidden_layers), 1, seq.draft_length, ahead, mark);
+}
+
+void GpuModel::rewind_draft(DeviceSequence& seq, const DeviceMark& mark) const {
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  restore_layers(seq, static_cast<size_t>(config().num_hidden_layers), mark, 0);
+  seq.draft_length = mark.length;
+  check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
 void GpuModel::set_profiling(bool on) {

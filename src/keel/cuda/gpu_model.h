@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -54,8 +55,31 @@ struct DeviceLayerState {
 
 struct DeviceSequence {
   int64_t length = 0;
+  // The trunk's layers, then (with an MTP layer) the MTP block's own sliding-window state,
+  // which has run `draft_length` positions (Model's Sequence::draft).
   std::vector<DeviceLayerState> layers;
+  int64_t draft_length = 0;
   uint64_t state_bytes() const;  // device bytes held
+};
+
+// A verification's compressor inputs per trunk layer (kv, gate of the compressor, then of
+// the indexer's), which GpuModel::rewind replays for the tokens kept (model.h's
+// ForwardJournal).
+struct DeviceJournal {
+  std::vector<std::array<DeviceBuffer<float>, 4>> layers;
+};
+
+// What rewinding needs (model/sequence.h's SequenceMark, on the device): the ring rows
+// the next tokens overwrite and each compressor's open window, carry and count.
+struct DeviceMark {
+  struct Layer {
+    DeviceBuffer<float> ring;  // the rows of positions [length, length + ahead)
+    bool ring_empty = false;
+    DeviceCompressorState compressor, indexer;
+    size_t index_floats = 0;
+  };
+  int64_t length = 0, ahead = 0;
+  std::vector<Layer> layers;
 };
 
 // One sequence's part of a batched forward call: `tokens` run after what it holds.
@@ -115,6 +139,25 @@ class GpuModel {
   std::vector<std::optional<RowSummary>> forward(std::span<const DeviceChunk> batch,
                                                  std::span<const std::optional<RowChoice>> choices) const;
 
+  // --- The MTP layer and speculative decoding (model.h's counterparts) ---
+  bool has_draft() const { return has_draft_; }
+  // Model::draft: the MTP layer at positions draft_length .. + n − 1, row i from
+  // `streams` ([n, hc, D], device memory) and next_tokens[i]; the last row's logits
+  // (host), its output streams into `out_streams` ([hc, D], device).
+  std::vector<float> draft(DeviceSequence& sequence, const float* streams, std::span<const int32_t> next_tokens,
+                           DeviceBuffer<float>& out_streams) const;
+  // A verification: `tokens` on one sequence, the logits of `rows` (host), every row's
+  // streams into `streams` ([n, hc, D], device), and with a journal the compressors'
+  // inputs.
+  std::vector<float> verify(DeviceSequence& sequence, std::span<const int32_t> tokens, LogitRows rows,
+                            DeviceBuffer<float>& streams, DeviceJournal* journal) const;
+  // Mark before at most `ahead` tokens (into `mark`, whose buffers are reused); rewind
+  // to the first `keep` of them, replaying their compressor inputs.
+  void mark(const DeviceSequence& sequence, int64_t ahead, DeviceMark& mark) const;
+  void rewind(DeviceSequence& sequence, const DeviceMark& mark, const DeviceJournal& journal, int64_t keep) const;
+  void mark_draft(const DeviceSequence& sequence, int64_t ahead, DeviceMark& mark) const;
+  void rewind_draft(DeviceSequence& sequence, const DeviceMark& mark) const;
+
   // Time per stage of the forward pass, summed over the calls since profiling was
   // turned on (CUDA events around each stage; off by default: they cost ~1 us each).
   void set_profiling(bool on);
@@ -129,7 +172,11 @@ class GpuModel {
   // Runs the batch through the layers, then the head for the last head_rows[i] rows of
   // chunk i (0: none), leaving their logits in the workspace in chunk order; returns
   // how many rows that is. The stream is not synchronized.
-  int64_t run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows) const;
+  int64_t run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows,
+              DeviceJournal* journal = nullptr) const;
+  void mark_layers(const DeviceSequence& sequence, size_t first, size_t count, int64_t length, int64_t ahead,
+                   DeviceMark& mark) const;
+  void restore_layers(DeviceSequence& sequence, size_t first, const DeviceMark& mark, int64_t keep) const;
   // Copies `rows` rows of logits back and ends the call; the host pointer lives until
   // the next call.
   const float* copy_back_logits(int64_t rows) const;
@@ -144,9 +191,12 @@ class GpuModel {
   cudaStream_t stream_ = nullptr;
   std::vector<DeviceWeight> owned_;  // every uploaded weight, released at the end
   uint64_t weight_bytes_ = 0;
-  std::unique_ptr<Kernels> top_kernels_;
-  std::vector<Kernels> layer_kernels_;
-  std::vector<Layer> layers_;
+  std::unique_ptr<Kernels> top_kernels_, draft_top_kernels_;
+  std::vector<Kernels> layer_kernels_;  // the trunk's layers, then the MTP block's (draft role)
+  std::vector<Layer> layers_;           // likewise
+  struct Mtp;
+  std::unique_ptr<Mtp> mtp_;
+  bool has_draft_ = false;
   DeviceRope rope_main_{}, rope_compress_{};
   DeviceWeight embed_{}, head_{};
   DeviceBuffer<float> norm_, head_fn_, head_base_, head_scale_;

@@ -36,6 +36,10 @@ std::vector<std::optional<RowSummary>> Executor::forward_choices(std::span<const
   return out;
 }
 
+std::unique_ptr<SpeculativeTarget> Executor::speculative_target() const {
+  fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding is not available on " + device());
+}
+
 std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {
   auto s = std::make_unique<CpuSequence>();
   s->sequence = model_.new_sequence();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "model/speculative.h"
 #include "ops/sampling.h"
 
 namespace keel {
@@ -54,6 +55,9 @@ class Executor {
                                                                  std::span<const std::optional<RowChoice>> choices) const;
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
+  // Speculative decoding's view of the model and a fresh sequence on this device
+  // (model/speculative.h); Error(usage) where there is none (no MTP layer, several GPUs).
+  virtual std::unique_ptr<SpeculativeTarget> speculative_target() const;
 
   // The bandwidth a decode step is held to on this device, bytes/s, measured now over a
   // buffer of `bytes`: CPU read bandwidth, GPU device-to-device copy bandwidth.
@@ -86,6 +90,9 @@ class CpuExecutor final : public Executor {
                              LogitRows rows) const override;
   const Plan& plan() const override { return model_.plan(); }
   std::string device() const override;
+  std::unique_ptr<SpeculativeTarget> speculative_target() const override {
+    return std::make_unique<CpuSpeculativeTarget>(model_);
+  }
   double measure_bandwidth(uint64_t bytes) const override;
 
  private:

@@ -29,6 +29,7 @@ std::vector<float> CpuSpeculativeTarget::draft(std::span<const int32_t> next_tok
   std::vector<float> logits = model_.draft(sequence_, waiting_, next_tokens, LogitRows::last, &draft_streams_);
   waiting_.clear();
   draft_mark_ = model_.mark_draft(sequence_, kMaxDraftTokens);
+  first_streams_ = draft_streams_;
   return logits;
 }
 
@@ -37,7 +38,10 @@ std::vector<float> CpuSpeculativeTarget::draft_more(int32_t token) {
   return model_.draft(sequence_, in, std::span(&token, 1), LogitRows::last, &draft_streams_);
 }
 
-void CpuSpeculativeTarget::undo_drafts() { model_.rewind_draft(sequence_, draft_mark_); }
+void CpuSpeculativeTarget::undo_drafts() {
+  model_.rewind_draft(sequence_, draft_mark_);
+  draft_streams_ = first_streams_;
+}
 
 std::vector<float> CpuSpeculativeTarget::verify(std::span<const int32_t> tokens) {
   trunk_mark_ = model_.mark(sequence_, static_cast<int64_t>(tokens.size()));

@@ -41,7 +41,7 @@ class SpeculativeTarget {
   virtual std::vector<float> draft(std::span<const int32_t> next_tokens) = 0;
   // One more MTP position, from its own last output streams and `token`.
   virtual std::vector<float> draft_more(int32_t token) = 0;
-  // Undoes the draft_more positions since the last draft().
+  // Undoes the draft_more positions since the last draft() (its state and last output).
   virtual void undo_drafts() = 0;
   // The trunk runs `tokens` (1 .. kMaxDraftTokens + 1): every row's logits.
   virtual std::vector<float> verify(std::span<const int32_t> tokens) = 0;
@@ -69,6 +69,7 @@ class CpuSpeculativeTarget final : public SpeculativeTarget {
   std::vector<float> waiting_;       // trunk streams of the positions the MTP layer has not run
   std::vector<float> verified_;      // the last verify's streams
   std::vector<float> draft_streams_; // the MTP layer's last output row
+  std::vector<float> first_streams_; // ... as draft() left it
   SequenceMark trunk_mark_, draft_mark_;
   ForwardJournal journal_;
   int64_t verified_tokens_ = 0;

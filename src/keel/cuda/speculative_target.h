@@ -1,0 +1,38 @@
+// Speculative decoding on a GPU: model/speculative.h's SpeculativeTarget over a GpuModel
+// and one sequence on it. The trunk's streams stay in device memory between the
+// verification and the MTP layer; only logits rows come back.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/gpu_model.h"
+#include "model/speculative.h"
+
+namespace keel::cuda {
+
+class GpuSpeculativeTarget final : public SpeculativeTarget {
+ public:
+  explicit GpuSpeculativeTarget(const GpuModel& model);  // Error(usage) without an MTP layer
+  const ModelConfig& config() const override { return model_.config(); }
+  int64_t length() const override { return sequence_.length; }
+  std::vector<float> prefill(std::span<const int32_t> prompt) override;
+  std::vector<float> draft(std::span<const int32_t> next_tokens) override;
+  std::vector<float> draft_more(int32_t token) override;
+  void undo_drafts() override;
+  std::vector<float> verify(std::span<const int32_t> tokens) override;
+  void keep(int64_t keep) override;
+
+ private:
+  const GpuModel& model_;
+  DeviceSequence sequence_;
+  DeviceBuffer<float> waiting_;   // trunk streams of the positions the MTP layer has not run
+  DeviceBuffer<float> verified_;  // the last verify's (or the prompt's) streams
+  DeviceBuffer<float> draft_streams_, draft_in_, first_streams_;  // last output, its input, draft()'s
+  DeviceMark trunk_mark_, draft_mark_;
+  DeviceJournal journal_;
+  int64_t verified_tokens_ = 0;
+};
+
+}  // namespace keel::cuda
