@@ -1,5 +1,6 @@
 // Expert parallelism over the GPUs present (skipped with fewer than two): the same
-// greedy tokens and the logits of one GPU, on the demo model, for prefill then decode.
+// greedy tokens and the logits of one GPU, on the demo model, for prefill then decode;
+// and speculative decoding with the MTP layer split like the trunk.
 #if KEEL_HAVE_NCCL
 #include <gtest/gtest.h>
 
@@ -10,7 +11,10 @@
 
 #include "cuda/device.h"
 #include "cuda/gpu_model.h"
+#include "model/speculative.h"
+#include "ops/sampling.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/parallel_speculative.h"
 
 namespace keel::parallel {
 namespace {
@@ -91,6 +95,38 @@ TEST(ExpertParallel, BatchedDecodeEqualsOneGpu) {
     for (size_t i = 0; i < seqs.size(); ++i) chunks.push_back({&seqs[i], std::span(&prompts[i][step], 1)});
     logits = split->forward(chunks);
     for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(argmax(logits[i]), prompts[i][step + 1]) << i << ", " << step;
+  }
+}
+
+// The MTP layer's experts split over 2 GPUs: speculative decoding gives exactly the
+// tokens of plain decoding on the same 2 GPUs (2 ranks' partial sums add in either
+// order to the same bits), greedy and sampled, and the drafts are accepted as often as
+// a trained MTP layer's should be.
+TEST(ExpertParallel, SpeculativeDecodingGivesThePlainTokens) {
+  const int gpus = static_cast<int>(cuda::devices().size());
+  if (gpus < 2) GTEST_SKIP() << "needs two GPUs, found " << gpus;
+  const auto host = Model::load(demo_model());
+  const auto split = ExpertParallelModel::create(*host, 2);
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt(20);
+  for (auto& id : prompt) id = static_cast<int32_t>(rng() % host->config().vocab_size);
+  const int n = 32;
+  for (const SamplingParams& p : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .top_p = 0.95f, .seed = 11}}) {
+    Sampler plain(p);
+    ExpertParallelModel::Sequence seq = split->new_sequence();
+    std::vector<int32_t> want{plain.next(split->forward(seq, prompt, LogitRows::last))};
+    while (static_cast<int>(want.size()) < n) want.push_back(plain.next(split->forward(seq, std::span(&want.back(), 1))));
+    ParallelSpeculativeTarget target(*split);
+    SpeculativeDecoder spec(target, 3);
+    Sampler sampler(p);
+    std::vector<int32_t> got{spec.start(prompt, sampler)};
+    while (static_cast<int>(got.size()) < n) {
+      const std::vector<int32_t> step = spec.step(sampler);
+      got.insert(got.end(), step.begin(), step.end());
+    }
+    got.resize(n);
+    EXPECT_EQ(got, want) << "temperature " << p.temperature;
+    EXPECT_GT(spec.stats().accepted, 0);
   }
 }
 

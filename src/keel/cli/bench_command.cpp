@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/runner.h"
+#include "model/speculative.h"
 #include "ops/sampling.h"
 
 namespace keel::cli {
@@ -118,6 +119,29 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
   return result;
 }
 
+// Greedy decoding of `tokens` after `prompt` with `drafts` MTP drafts per step, the best
+// of `runs`: tokens/s and the acceptance of the best run.
+struct SpeculativeRun {
+  int drafts = 0;
+  double tokens_per_second = 0;
+  SpeculativeDecoder::Stats stats;
+};
+
+SpeculativeRun speculative_decode(Executor& executor, std::span<const int32_t> prompt, int drafts, int tokens, int runs) {
+  SpeculativeRun best{drafts};
+  for (int r = 0; r < runs; ++r) {
+    const std::unique_ptr<SpeculativeTarget> target = executor.speculative_target();
+    SpeculativeDecoder spec(*target, drafts);
+    Sampler greedy({});
+    spec.start(prompt, greedy);
+    const auto start = std::chrono::steady_clock::now();
+    while (spec.stats().tokens < tokens) spec.step(greedy);
+    const double tps = static_cast<double>(spec.stats().tokens) / seconds_since(start);
+    if (tps > best.tokens_per_second) best = {drafts, tps, spec.stats()};
+  }
+  return best;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
@@ -125,7 +149,7 @@ void add_bench(CLI::App& app) {
   struct Options {
     std::string model;
     int prompt = 256, decode = 64, runs = 3, batch_prompt = 32;
-    std::vector<int> batches, prefill_lengths;
+    std::vector<int> batches, prefill_lengths, speculative;
     int prefill_chunk = 4096;
     uint64_t bandwidth_mib = 2048;
     bool json = false, profile = false;
@@ -148,6 +172,9 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-prompt", o->batch_prompt, "Prompt tokens of each sequence in the batched runs")
       ->capture_default_str();
+  cmd->add_option("--speculative", o->speculative,
+                  "Also decode with this many MTP drafts per step (comma-separated, 1..3): tok/s and acceptance")
+      ->delimiter(',');
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
   cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
   add_kernel_options(cmd, o->kernels);
@@ -180,6 +207,10 @@ void add_bench(CLI::App& app) {
     std::vector<BatchedDecode> batched;
     for (int b : o->batches) {
       batched.push_back(batched_decode(runner.executor(), c, b, o->batch_prompt, o->decode, o->runs, o->profile));
+    }
+    std::vector<SpeculativeRun> speculative;
+    for (int k : o->speculative) {
+      speculative.push_back(speculative_decode(runner.executor(), prompt, k, o->decode, o->runs));
     }
     std::vector<std::pair<int, double>> prefills;  // (length, seconds)
     for (int length : o->prefill_lengths) {
@@ -257,6 +288,12 @@ void add_bench(CLI::App& app) {
                                                   : "";
       fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts{})\n", b.batch,
                  b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt, comm);
+    }
+    for (const SpeculativeRun& r : speculative) {
+      fmt::print("speculative decode {}    {:.2f} tok/s = {:.2f}x plain decode; {:.1f}% of drafts accepted, {:.2f} tokens "
+                 "per trunk forward\n",
+                 r.drafts, r.tokens_per_second, r.tokens_per_second / decode_tps, 100.0 * r.stats.accepted / std::max<int64_t>(1, r.stats.drafted),
+                 static_cast<double>(r.stats.tokens) / std::max<int64_t>(1, r.stats.steps));
     }
     if (o->profile) print_profile(runner, prompt, o->decode);
     if (comm_floor > 0) {

@@ -12,6 +12,7 @@
 #endif
 #if KEEL_HAVE_NCCL
 #include "parallel/expert_parallel.h"
+#include "parallel/parallel_speculative.h"
 #endif
 
 namespace keel::cli {
@@ -130,6 +131,9 @@ class ParallelExecutor final : public Executor {
   void reset_communication() override { model_->reset_communication_time(); }
   double communication_seconds() const override { return model_->communication_seconds(); }
   double all_reduce_floor(int64_t floats) override { return model_->all_reduce_seconds(floats, 50); }
+  std::unique_ptr<SpeculativeTarget> speculative_target() const override {
+    return std::make_unique<parallel::ParallelSpeculativeTarget>(*model_);
+  }
   void set_profiling(bool on) override { model_->rank(0).set_profiling(on); }
   std::map<std::string, double> profile() const override { return model_->rank(0).profile(); }
 

@@ -821,7 +821,7 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   check_api(cudaStreamCreate(&m->stream_), "cudaStreamCreate");
   m->top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1));
   for (int l = 0; l < c.num_hidden_layers; ++l) m->layer_kernels_.push_back(bind_layer(m->plan_, l));
-  m->has_draft_ = !model.tensors().mtp.empty() && m->share_.ranks() == 1;
+  m->has_draft_ = !model.tensors().mtp.empty();
   if (m->has_draft_) {
     m->layer_kernels_.push_back(bind_layer(m->plan_, c.num_hidden_layers, ModelRole::draft));
     m->draft_top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1, ModelRole::draft));

@@ -116,6 +116,7 @@ class GpuModel {
   const ModelConfig& config() const { return host_.config(); }
   const Plan& plan() const { return plan_; }
   const ExpertShare& share() const { return share_; }
+  int device() const { return device_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
 
   DeviceSequence new_sequence() const;

@@ -14,11 +14,15 @@ void copy_streams(DeviceBuffer<float>& to, const DeviceBuffer<float>& from) {
 
 }  // namespace
 
+// Every buffer of the target lives on its model's GPU, whichever thread calls.
+void GpuSpeculativeTarget::use_device() const { check_api(cudaSetDevice(model_.device()), "cudaSetDevice"); }
+
 GpuSpeculativeTarget::GpuSpeculativeTarget(const GpuModel& model) : model_(model), sequence_(model.new_sequence()) {
-  if (!model.has_draft()) fail(ErrorCode::usage, {}, "speculative decoding needs a model with an MTP layer (on one GPU)");
+  if (!model.has_draft()) fail(ErrorCode::usage, {}, "speculative decoding needs a model with an MTP layer");
 }
 
 std::vector<float> GpuSpeculativeTarget::prefill(std::span<const int32_t> prompt) {
+  use_device();
   // The prompt's streams all wait for the MTP layer; only its last row's logits are wanted.
   std::vector<float> logits = model_.verify(sequence_, prompt, LogitRows::last, verified_, nullptr);
   verified_tokens_ = static_cast<int64_t>(prompt.size());
@@ -27,6 +31,7 @@ std::vector<float> GpuSpeculativeTarget::prefill(std::span<const int32_t> prompt
 }
 
 std::vector<float> GpuSpeculativeTarget::draft(std::span<const int32_t> next_tokens) {
+  use_device();
   std::vector<float> logits = model_.draft(sequence_, waiting_.data(), next_tokens, draft_streams_);
   waiting_.resize(0);
   model_.mark_draft(sequence_, kMaxDraftTokens, draft_mark_);
@@ -35,22 +40,26 @@ std::vector<float> GpuSpeculativeTarget::draft(std::span<const int32_t> next_tok
 }
 
 std::vector<float> GpuSpeculativeTarget::draft_more(int32_t token) {
+  use_device();
   std::swap(draft_in_, draft_streams_);
   return model_.draft(sequence_, draft_in_.data(), std::span(&token, 1), draft_streams_);
 }
 
 void GpuSpeculativeTarget::undo_drafts() {
+  use_device();
   model_.rewind_draft(sequence_, draft_mark_);
   copy_streams(draft_streams_, first_streams_);
 }
 
 std::vector<float> GpuSpeculativeTarget::verify(std::span<const int32_t> tokens) {
+  use_device();
   model_.mark(sequence_, static_cast<int64_t>(tokens.size()), trunk_mark_);
   verified_tokens_ = static_cast<int64_t>(tokens.size());
   return model_.verify(sequence_, tokens, LogitRows::all, verified_, &journal_);
 }
 
 void GpuSpeculativeTarget::keep(int64_t keep) {
+  use_device();
   if (keep < verified_tokens_) model_.rewind(sequence_, trunk_mark_, journal_, keep);
   const int64_t width = static_cast<int64_t>(verified_.size()) / verified_tokens_;
   const size_t at = waiting_.size();

@@ -14,7 +14,9 @@ namespace keel::cuda {
 
 class GpuSpeculativeTarget final : public SpeculativeTarget {
  public:
-  explicit GpuSpeculativeTarget(const GpuModel& model);  // Error(usage) without an MTP layer
+  // Error(usage) without an MTP layer. With expert parallelism, one per rank, called on
+  // every rank at once (parallel/parallel_speculative.h).
+  explicit GpuSpeculativeTarget(const GpuModel& model);
   const ModelConfig& config() const override { return model_.config(); }
   int64_t length() const override { return sequence_.length; }
   std::vector<float> prefill(std::span<const int32_t> prompt) override;
@@ -25,6 +27,7 @@ class GpuSpeculativeTarget final : public SpeculativeTarget {
   void keep(int64_t keep) override;
 
  private:
+  void use_device() const;
   const GpuModel& model_;
   DeviceSequence sequence_;
   DeviceBuffer<float> waiting_;   // trunk streams of the positions the MTP layer has not run

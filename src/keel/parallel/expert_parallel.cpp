@@ -109,21 +109,12 @@ std::vector<float> ExpertParallelModel::forward(Sequence& seq, std::span<const i
   return std::move(forward(std::span(&chunk, 1), rows).front());
 }
 
-template <typename Result, typename Call>
-Result ExpertParallelModel::on_every_rank(std::span<const Chunk> batch, const Call& call) {
+void ExpertParallelModel::each_rank(const std::function<void(int rank)>& call) {
   const int n = gpus();
-  for (const Chunk& c : batch) {
-    if (!c.sequence || static_cast<int>(c.sequence->ranks.size()) != n) {
-      fail(ErrorCode::usage, {}, "a batched forward chunk needs a sequence from this model");
-    }
-  }
-  std::vector<Result> results(n);
   std::vector<std::exception_ptr> errors(n);
   const auto run = [&](int r) {
     try {
-      std::vector<cuda::DeviceChunk> chunks;
-      for (const Chunk& c : batch) chunks.push_back({&c.sequence->ranks[r], c.tokens});
-      results[r] = call(*ranks_[r], std::span<const cuda::DeviceChunk>(chunks));
+      call(r);
     } catch (...) {
       errors[r] = std::current_exception();
     }
@@ -135,7 +126,23 @@ Result ExpertParallelModel::on_every_rank(std::span<const Chunk> batch, const Ca
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
-  comm_seconds_ += comms_->take_seconds();  // rank 0's stream was synchronized by its forward
+  comm_seconds_ += comms_->take_seconds();  // rank 0's stream was synchronized by its call
+}
+
+template <typename Result, typename Call>
+Result ExpertParallelModel::on_every_rank(std::span<const Chunk> batch, const Call& call) {
+  const int n = gpus();
+  for (const Chunk& c : batch) {
+    if (!c.sequence || static_cast<int>(c.sequence->ranks.size()) != n) {
+      fail(ErrorCode::usage, {}, "a batched forward chunk needs a sequence from this model");
+    }
+  }
+  std::vector<Result> results(n);
+  each_rank([&](int r) {
+    std::vector<cuda::DeviceChunk> chunks;
+    for (const Chunk& c : batch) chunks.push_back({&c.sequence->ranks[r], c.tokens});
+    results[r] = call(*ranks_[r], std::span<const cuda::DeviceChunk>(chunks));
+  });
   return std::move(results[0]);
 }
 

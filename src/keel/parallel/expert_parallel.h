@@ -7,6 +7,7 @@
 // changes how the id is shared, not the forward pass.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,6 +47,9 @@ class ExpertParallelModel {
                                                  std::span<const std::optional<RowChoice>> choices);
 
   int gpus() const { return static_cast<int>(ranks_.size()); }
+  // Runs call(rank) for every rank at once, one thread each (their collectives meet),
+  // and rethrows the first failure.
+  void each_rank(const std::function<void(int rank)>& call);
   cuda::GpuModel& rank(int r) { return *ranks_[r]; }
   const cuda::GpuModel& rank(int r) const { return *ranks_[r]; }
   const Plan& plan() const { return ranks_.front()->plan(); }
@@ -67,8 +71,7 @@ class ExpertParallelModel {
 
  private:
   ExpertParallelModel() = default;
-  // Runs call(rank's model, the batch's chunks of that rank) on every rank at once (one
-  // thread each: their collectives meet), returning rank 0's result.
+  // call(rank's model, the batch's chunks of that rank) through each_rank; rank 0's result.
   template <typename Result, typename Call>
   Result on_every_rank(std::span<const Chunk> batch, const Call& call);
   std::vector<std::unique_ptr<cuda::GpuModel>> ranks_;
