@@ -9,8 +9,11 @@
 // indexer run in one launch over all rows, each row reading its own sequence's keys;
 // compressors that close a window run per sequence.
 //
+// The MTP layer runs after the trunk's layers as a draft-role layer (draft, verify,
+// mark/rewind for speculative decoding, cuda/speculative_target.h).
+//
 // What is not here yet: tensor-core attention for prefill (the decode kernel runs per
-// query token), CUDA graphs, paged state, and MTP.
+// query token), CUDA graphs, paged state, and speculation inside the batched engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
