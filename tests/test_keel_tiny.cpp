@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
 #include "model/model.h"
+#include "testing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace keel {
@@ -22,25 +22,11 @@ const std::string kModel = std::string(KEEL_SOURCE_DIR) + "/models/keel-tiny-v4"
 const std::string kReference = std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/keel_tiny_v4_reference.safetensors";
 
 struct Reference {
-  std::vector<int32_t> ids, positions, argmax;
-  std::vector<float> logits, max_logit;  // logits: [positions, vocab]
-
-  Reference() {
-    const auto f = SafetensorsFile::open(kReference);
-    const auto ints = [&](const char* name) {
-      const TensorView v = f.view(*f.find(name));
-      return std::vector<int32_t>(v.as<int32_t>(), v.as<int32_t>() + v.numel());
-    };
-    const auto floats = [&](const char* name) {
-      const TensorView v = f.view(*f.find(name));
-      return std::vector<float>(v.as<float>(), v.as<float>() + v.numel());
-    };
-    ids = ints("input_ids");
-    positions = ints("positions");
-    argmax = ints("argmax");
-    logits = floats("logits");
-    max_logit = floats("max_logit");
-  }
+  std::vector<int32_t> ids = testing::fixture_ints(kReference, "input_ids"),
+                       positions = testing::fixture_ints(kReference, "positions"),
+                       argmax = testing::fixture_ints(kReference, "argmax");
+  std::vector<float> logits = testing::fixture_floats(kReference, "logits"),  // [positions, vocab]
+      max_logit = testing::fixture_floats(kReference, "max_logit");
 };
 
 const Model& model() {

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
 #include "model/model.h"
 #include "model/speculative.h"
 #include "ops/sampling.h"
+#include "testing.h"
 
 namespace keel {
 namespace {
@@ -35,25 +35,12 @@ const Model& tiny() {
 }
 
 struct MtpReference {
-  std::vector<int32_t> ids, positions, argmax, stream_positions;
-  std::vector<float> logits, streams;
-  MtpReference() {
-    const auto f = SafetensorsFile::open(kMtpReference);
-    const auto ints = [&](const char* name) {
-      const TensorView v = f.view(*f.find(name));
-      return std::vector<int32_t>(v.as<int32_t>(), v.as<int32_t>() + v.numel());
-    };
-    const auto floats = [&](const char* name) {
-      const TensorView v = f.view(*f.find(name));
-      return std::vector<float>(v.as<float>(), v.as<float>() + v.numel());
-    };
-    ids = ints("input_ids");
-    positions = ints("positions");
-    argmax = ints("mtp_argmax");
-    stream_positions = ints("stream_positions");
-    logits = floats("mtp_logits");
-    streams = floats("streams");
-  }
+  std::vector<int32_t> ids = testing::fixture_ints(kMtpReference, "input_ids"),
+                       positions = testing::fixture_ints(kMtpReference, "positions"),
+                       argmax = testing::fixture_ints(kMtpReference, "mtp_argmax"),
+                       stream_positions = testing::fixture_ints(kMtpReference, "stream_positions");
+  std::vector<float> logits = testing::fixture_floats(kMtpReference, "mtp_logits"),
+                     streams = testing::fixture_floats(kMtpReference, "streams");
 };
 
 // As the trunk's own fixture test: float32 on both sides, about 1e-5 apart.
@@ -149,12 +136,7 @@ TEST(Mtp, SpeculativeDecodingGivesThePlainTokens) {
       CpuSpeculativeTarget target(m);
       SpeculativeDecoder spec(target, k);
       Sampler sampler(p);
-      std::vector<int32_t> got{spec.start(prompt, sampler)};
-      while (static_cast<int>(got.size()) < n) {
-        const std::vector<int32_t> step = spec.step(sampler);
-        got.insert(got.end(), step.begin(), step.end());
-      }
-      got.resize(n);
+      const std::vector<int32_t> got = spec.generate(prompt, n, sampler);
       EXPECT_EQ(got, want) << "temperature " << p.temperature << ", " << k << " drafts";
       const auto& s = spec.stats();
       EXPECT_EQ(s.tokens, s.steps + s.accepted);

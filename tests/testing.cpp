@@ -1,5 +1,7 @@
 #include "testing.h"
 
+#include "io/safetensors.h"
+
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -50,6 +52,27 @@ std::vector<float> random_normal(size_t n, uint32_t seed, float stddev) {
     while (x == 0.0f);
   }
   return v;
+}
+
+namespace {
+
+template <typename T>
+std::vector<T> fixture_values(const std::string& path, const std::string& name) {
+  const auto f = SafetensorsFile::open(path);
+  const auto* entry = f.find(name);
+  if (!entry) throw std::runtime_error(path + " has no tensor " + name);
+  const TensorView v = f.view(*entry);
+  return std::vector<T>(v.as<T>(), v.as<T>() + v.numel());
+}
+
+}  // namespace
+
+std::vector<int32_t> fixture_ints(const std::string& path, const std::string& name) {
+  return fixture_values<int32_t>(path, name);
+}
+
+std::vector<float> fixture_floats(const std::string& path, const std::string& name) {
+  return fixture_values<float>(path, name);
 }
 
 }  // namespace keel::testing

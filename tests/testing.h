@@ -32,6 +32,10 @@ std::vector<std::byte> read_file(const std::string& path);
 // Random floats from N(0, 1) that are never exactly zero.
 std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f);
 
+// A fixture tensor's values (int32 or f32), by name; fails the test if it is absent.
+std::vector<int32_t> fixture_ints(const std::string& path, const std::string& name);
+std::vector<float> fixture_floats(const std::string& path, const std::string& name);
+
 }  // namespace keel::testing
 
 // Runs `statement`, expects a keel::Error with `expected_code`, and returns its message

@@ -119,12 +119,7 @@ TEST(ExpertParallel, SpeculativeDecodingGivesThePlainTokens) {
     ParallelSpeculativeTarget target(*split);
     SpeculativeDecoder spec(target, 3);
     Sampler sampler(p);
-    std::vector<int32_t> got{spec.start(prompt, sampler)};
-    while (static_cast<int>(got.size()) < n) {
-      const std::vector<int32_t> step = spec.step(sampler);
-      got.insert(got.end(), step.begin(), step.end());
-    }
-    got.resize(n);
+    const std::vector<int32_t> got = spec.generate(prompt, n, sampler);
     EXPECT_EQ(got, want) << "temperature " << p.temperature;
     EXPECT_GT(spec.stats().accepted, 0);
   }

@@ -119,12 +119,7 @@ TEST(GpuSpeculative, GivesThePlainTokens) {
       GpuSpeculativeTarget target(*gpu);
       SpeculativeDecoder spec(target, k);
       Sampler sampler(p);
-      std::vector<int32_t> got{spec.start(prompt, sampler)};
-      while (static_cast<int>(got.size()) < n) {
-        const std::vector<int32_t> step = spec.step(sampler);
-        got.insert(got.end(), step.begin(), step.end());
-      }
-      got.resize(n);
+      const std::vector<int32_t> got = spec.generate(prompt, n, sampler);
       EXPECT_EQ(got, want) << "temperature " << p.temperature << ", " << k << " drafts";
       EXPECT_EQ(spec.stats().tokens, spec.stats().steps + spec.stats().accepted);
     }

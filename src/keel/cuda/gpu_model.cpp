@@ -285,6 +285,16 @@ void copy_into(DeviceBuffer<float>& to, const float* from, int64_t count, cudaSt
   if (count) check_api(cudaMemcpyAsync(dst, from, count * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
 }
 
+// A compressor's state into another's buffers (a mark, and back), asynchronously.
+void copy_state(DeviceCompressorState& to, const DeviceCompressorState& from, cudaStream_t stream) {
+  to.count = from.count;
+  to.pending = from.pending;
+  for (auto [dst, src] : {std::pair{&to.pending_kv, &from.pending_kv}, {&to.pending_gate, &from.pending_gate},
+                          {&to.previous_kv, &from.previous_kv}, {&to.previous_gate, &from.previous_gate}}) {
+    copy_into(*dst, src->data(), static_cast<int64_t>(src->size()), stream);
+  }
+}
+
 // What every step of one forward call shares (model/forward.cpp's Step). A call's rows
 // are the tokens of every chunk in the batch, chunk after chunk.
 struct Step {
@@ -1210,14 +1220,6 @@ void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count
   mark.length = length;
   mark.ahead = ahead;
   mark.layers.resize(count);
-  const auto keep_state = [&](DeviceCompressorState& to, const DeviceCompressorState& from) {
-    to.count = from.count;
-    to.pending = from.pending;
-    copy_into(to.pending_kv, from.pending_kv.data(), static_cast<int64_t>(from.pending_kv.size()), stream_);
-    copy_into(to.pending_gate, from.pending_gate.data(), static_cast<int64_t>(from.pending_gate.size()), stream_);
-    copy_into(to.previous_kv, from.previous_kv.data(), static_cast<int64_t>(from.previous_kv.size()), stream_);
-    copy_into(to.previous_gate, from.previous_gate.data(), static_cast<int64_t>(from.previous_gate.size()), stream_);
-  };
   for (size_t i = 0; i < count; ++i) {
     const DeviceLayerState& st = seq.layers[first + i];
     DeviceMark::Layer& ml = mark.layers[i];
@@ -1228,8 +1230,8 @@ void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count
                                 cudaMemcpyDeviceToDevice, stream_),
                 "cudaMemcpyAsync");
     }
-    keep_state(ml.compressor, st.compressor);
-    keep_state(ml.indexer, st.indexer);
+    copy_state(ml.compressor, st.compressor, stream_);
+    copy_state(ml.indexer, st.indexer, stream_);
     ml.index_floats = st.index_keys.size();
   }
 }
@@ -1237,14 +1239,6 @@ void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count
 void GpuModel::restore_layers(DeviceSequence& seq, size_t first, const DeviceMark& mark, int64_t keep) const {
   const int64_t sw = config().sliding_window, hd = config().head_dim;
   if (keep < 0 || keep > mark.ahead) fail(ErrorCode::usage, {}, "a sequence is rewound past the tokens of its mark");
-  const auto put_back = [&](DeviceCompressorState& to, const DeviceCompressorState& from) {
-    to.count = from.count;
-    to.pending = from.pending;
-    copy_into(to.pending_kv, from.pending_kv.data(), static_cast<int64_t>(from.pending_kv.size()), stream_);
-    copy_into(to.pending_gate, from.pending_gate.data(), static_cast<int64_t>(from.pending_gate.size()), stream_);
-    copy_into(to.previous_kv, from.previous_kv.data(), static_cast<int64_t>(from.previous_kv.size()), stream_);
-    copy_into(to.previous_gate, from.previous_gate.data(), static_cast<int64_t>(from.previous_gate.size()), stream_);
-  };
   for (size_t i = 0; i < mark.layers.size(); ++i) {
     DeviceLayerState& st = seq.layers[first + i];
     const DeviceMark::Layer& ml = mark.layers[i];
@@ -1253,8 +1247,8 @@ void GpuModel::restore_layers(DeviceSequence& seq, size_t first, const DeviceMar
                                 cudaMemcpyDeviceToDevice, stream_),
                 "cudaMemcpyAsync");
     }
-    put_back(st.compressor, ml.compressor);
-    put_back(st.indexer, ml.indexer);
+    copy_state(st.compressor, ml.compressor, stream_);
+    copy_state(st.indexer, ml.indexer, stream_);
     st.index_keys.resize(ml.index_floats);
   }
 }

@@ -72,6 +72,16 @@ int32_t SpeculativeDecoder::start(std::span<const int32_t> prompt, Sampler& samp
   return first;
 }
 
+std::vector<int32_t> SpeculativeDecoder::generate(std::span<const int32_t> prompt, int count, Sampler& sampler) {
+  std::vector<int32_t> out{start(prompt, sampler)};
+  while (static_cast<int>(out.size()) < count) {
+    const std::vector<int32_t> more = step(sampler);
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  out.resize(static_cast<size_t>(std::max(count, 0)));
+  return out;
+}
+
 std::vector<int32_t> SpeculativeDecoder::step(Sampler& sampler) {
   const ModelConfig& c = target_.config();
   const int64_t V = c.vocab_size;

@@ -86,6 +86,9 @@ class SpeculativeDecoder {
   // `sampler` from the trunk's logits. The last one has not run through the trunk yet.
   std::vector<int32_t> step(Sampler& sampler);
 
+  // start, then steps until `count` tokens (the first `count` of what the steps give).
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, int count, Sampler& sampler);
+
   struct Stats {
     int64_t steps = 0;     // trunk forwards after the prompt
     int64_t drafted = 0;   // draft tokens verified
