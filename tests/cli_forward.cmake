@@ -1,5 +1,5 @@
 # The forward-pass commands end to end: `keel logits` (full and --decode) on a fixture,
-# `keel run` greedy and sampled on a synthesized FP8/MXFP4 model, and the errors for
+# `keel run` greedy, sampled and speculative on a synthesized FP8/MXFP4 model, and the errors for
 # bad input. Run by CTest with -DKEEL=<binary> -DWORK=<scratch dir> -DFIXTURES=<dir>.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -35,6 +35,16 @@ string(REGEX MATCH "^[0-9 ]+" s2 "${s2}")
 if(NOT s1 STREQUAL s2)
   message(FATAL_ERROR "seeded sampling differs: '${s1}' vs '${s2}'")
 endif()
+# run --speculative: the MTP layer drafts, the trunk decides: the same seeded ids.
+run_keel(TRUE spec run --model ${WORK}/model --prompt-ids "1 2 3" -n 12 -q --temperature 1 --top-p 0.9 --seed 7
+         --speculative 2)
+expect_text("${spec}" "[speculative: 2 drafts per step")
+string(REGEX MATCH "^[0-9 ]+" spec_ids "${spec}")
+if(NOT spec_ids STREQUAL s1)
+  message(FATAL_ERROR "speculative decoding changed the ids: '${spec_ids}' vs '${s1}'")
+endif()
+run_keel(FALSE out run --model ${WORK}/model --prompt-ids "1 2 3" -q --speculative 4)
+expect_text("${out}" "draft tokens must be in 1 .. 3")
 run_keel(TRUE out run --model ${WORK}/model --prompt-ids "1 2 3" -n 2)
 expect_text("${out}" "loaded")
 

@@ -244,7 +244,13 @@ void add_bench(CLI::App& app) {
     const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
     if (o->json) {
-      std::string batched_json, prefill_json;
+      std::string batched_json, prefill_json, speculative_json;
+      for (const SpeculativeRun& r : speculative) {
+        speculative_json += fmt::format(
+            "{}{{\"drafts\": {}, \"tok_s\": {:.2f}, \"drafted\": {}, \"accepted\": {}, \"trunk_forwards\": {}}}",
+            speculative_json.empty() ? "" : ", ", r.drafts, r.tokens_per_second, r.stats.drafted, r.stats.accepted,
+            r.stats.steps);
+      }
       for (const auto& [length, seconds] : prefills) {
         prefill_json += fmt::format("{}{{\"tokens\": {}, \"tok_s\": {:.2f}, \"linear_tflops\": {:.3f}}}",
                                     prefill_json.empty() ? "" : ", ", length, length / seconds,
@@ -259,9 +265,9 @@ void add_bench(CLI::App& app) {
           "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
           "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
           "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
-          "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}], \"prefill\": [{}]}}\n",
+          "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}], \"prefill\": [{}], \"speculative\": [{}]}}\n",
           runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
-          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json, prefill_json);
+          achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json, prefill_json, speculative_json);
       return;
     }
     fmt::print("device                  {}\n", runner.executor().device());
