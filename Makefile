@@ -5,7 +5,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps configure build run test fuzz clean
+.PHONY: all deps configure build run test fuzz release clean
 
 all: build
 
@@ -30,6 +30,14 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The release build: CUDA code for every architecture keel supports (the default build
+# compiles sm_80 only, which runs everywhere through the driver's JIT but slowly to start).
+RELEASE_ARCHS ?= 80;86;89;90a;100a;120a
+release: deps
+	@cmake -S . -B $(BUILD)-release -G Ninja -DCMAKE_BUILD_TYPE=Release "-DKEEL_CUDA_ARCHS=$(RELEASE_ARCHS)" \
+	  > $(BUILD)-release.configure.log 2>&1 || (cat $(BUILD)-release.configure.log; exit 1)
+	cmake --build $(BUILD)-release -j $(JOBS) --target keel
 
 # libFuzzer over the parsers, FUZZ_SECONDS each, with ASan/UBSan (clang build).
 fuzz: deps
