@@ -204,6 +204,24 @@ TEST(Forward, StateGrowsWithTokensNotContext) {
   EXPECT_LT(seq.state_bytes(), uint64_t(64) << 10);  // nothing sized by max_position (256)
 }
 
+// The state a token adds is what Model::state_bytes_per_token says (between lengths that
+// leave no window open, so only entries and indexer keys differ), and what a sequence
+// holds besides stays within state_bytes_per_sequence.
+TEST(Forward, StateBytesPerTokenMatchTheGrowth) {
+  const auto model = Model::load(fixture("tiny"));
+  const int64_t V = model->config().vocab_size;
+  std::vector<int32_t> ids(128);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % V);
+  Sequence seq = model->new_sequence();
+  model->forward(seq, std::span(ids).subspan(0, 64));  // a multiple of both ratios (4, 8)
+  const uint64_t at64 = seq.state_bytes();
+  model->forward(seq, std::span(ids).subspan(64, 64));
+  const uint64_t at128 = seq.state_bytes();
+  EXPECT_EQ(static_cast<double>(at128 - at64), 64 * model->state_bytes_per_token());
+  EXPECT_GT(model->state_bytes_per_token(), 0);
+  EXPECT_LE(static_cast<double>(at128), model->state_bytes_per_sequence() + 128 * model->state_bytes_per_token());
+}
+
 // Perplexity over windows equals the one computed from transformers' logits of each
 // window (a window is a fresh sequence, so row 0's first 20 and next 20 tokens).
 TEST(Forward, PerplexityMatchesTransformersLogits) {

@@ -279,6 +279,21 @@ void add_bench(CLI::App& app) {
     fmt::print("memory bandwidth        {:.2f} GB/s (measured now, {} MiB buffer; GPU: copy, read + write)\n",
                bandwidth / 1e9, o->bandwidth_mib);
     fmt::print("share of bandwidth      {:.1f}%\n", 100.0 * achieved / bandwidth);
+    {
+      // The context that fits: what is free on the device after the weights, over the
+      // state a token adds (the per-sequence part counted once).
+      const double per_token = model.state_bytes_per_token();
+      const uint64_t per_sequence = model.state_bytes_per_sequence();
+      std::string fits;
+      if (const auto memory = runner.executor().device_memory(); memory && per_token > 0) {
+        const double room = static_cast<double>(memory->free) - static_cast<double>(per_sequence);
+        fits = fmt::format("; {:.0f}K tokens fit in the {:.1f} GiB free now", std::max(0.0, room) / per_token / 1024,
+                           memory->free / 1073741824.0);
+      }
+      fmt::print("sequence state          {:.1f} bytes per token (compressed entries, indexer keys; f32) + {:.2f} MiB per "
+                 "sequence at most (rings, open windows){}\n",
+                 per_token, per_sequence / 1048576.0, fits);
+    }
     for (const auto& [length, seconds] : prefills) {
       const double tflops = length / seconds * flops_per_token / 1e12;
       const std::string share =

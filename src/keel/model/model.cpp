@@ -78,6 +78,38 @@ Sequence Model::new_sequence() const {
   return s;
 }
 
+double Model::state_bytes_per_token() const {
+  const ModelConfig& c = config_;
+  double bytes = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int m = c.compress_ratio(l);
+    if (m == 0) continue;
+    bytes += static_cast<double>(c.head_dim) * sizeof(float) / m;
+    if (c.attention[l] == AttentionKind::compressed_sparse) bytes += static_cast<double>(c.index_head_dim) * sizeof(float) / m;
+  }
+  return bytes;
+}
+
+uint64_t Model::state_bytes_per_sequence() const {
+  const ModelConfig& c = config_;
+  const uint64_t f = sizeof(float), ring = uint64_t(c.sliding_window) * c.head_dim * f;
+  // An open window holds up to m − 1 rows of kv and gate; CSA's are two series wide and
+  // carry m rows of one series (kv and gate) into the next entry.
+  const auto compressor = [&](int m, uint64_t dim, bool overlapping) {
+    const uint64_t width = overlapping ? 2 * dim : dim;
+    return 2 * (m - 1) * width * f + (overlapping ? 2 * uint64_t(m) * dim * f : 0);
+  };
+  uint64_t bytes = ring * (c.num_hidden_layers + (has_draft() ? 1 : 0));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const int m = c.compress_ratio(l);
+    if (m == 0) continue;
+    const bool csa = c.attention[l] == AttentionKind::compressed_sparse;
+    bytes += compressor(m, c.head_dim, csa);
+    if (csa) bytes += compressor(m, c.index_head_dim, true);
+  }
+  return bytes;
+}
+
 uint64_t Model::decode_bytes_per_token() const {
   const ModelConfig& c = config_;
   uint64_t bytes = tensor_bytes(*tensors_.head) + tensor_bytes(*tensors_.embed) / c.vocab_size;

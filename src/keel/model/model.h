@@ -98,6 +98,13 @@ class Model {
   uint64_t decode_bytes_per_token() const;
   // Multiply-adds of the same weights for one token (2 FLOPs each; prefill throughput).
   uint64_t linear_macs_per_token() const;
+  // Sequence state that grows with the context, per token: compressed entries (head_dim
+  // floats per m tokens, CSA and HCA layers) and indexer keys (index_head_dim per m_csa
+  // tokens), f32 as keel stores them.
+  double state_bytes_per_token() const;
+  // What a sequence holds at most whatever its length: the sliding-window rings (trunk
+  // and MTP) and each compressor's open window and carried series.
+  uint64_t state_bytes_per_sequence() const;
 
  private:
   Model() = default;
