@@ -412,8 +412,7 @@ std::vector<float> Model::draft(Sequence& seq, std::span<const float> trunk_stre
 }
 
 SequenceMark Model::mark(const Sequence& seq, int64_t ahead) const {
-  SequenceMark m = mark_layers(seq.layers, seq.length, ahead, config_.sliding_window, config_.head_dim);
-  return m;
+  return mark_layers(seq.layers, seq.length, ahead, config_.sliding_window, config_.head_dim);
 }
 
 void Model::rewind(Sequence& seq, const SequenceMark& mark, const ForwardJournal& journal, int64_t keep) const {
