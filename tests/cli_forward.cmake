@@ -49,6 +49,10 @@ run_keel(TRUE out run --model ${WORK}/model --prompt-ids "1 2 3" -n 2)
 expect_text("${out}" "loaded")
 
 # Bad input: clear errors, exit status 2.
+run_keel(FALSE out run --model ${WORK}/model --prompt-ids "1 2" -q --hosts 2 --host-rank 2 --nccl-id ${WORK}/id)
+expect_text("${out}" "host 2 of 2: the host rank is 0..hosts-1")
+run_keel(FALSE out run --model ${WORK}/model --prompt-ids "1 2" -q --hosts 2)
+expect_text("${out}" "--nccl-id")
 run_keel(FALSE out run --model ${WORK}/model --prompt-ids "1 5000" -q)
 expect_text("${out}" "token id 5000 at index 1 is outside the vocabulary [0, 1024)")
 run_keel(FALSE out run --model ${WORK}/model --prompt-ids "1 x" -q)

@@ -90,6 +90,10 @@ string(JSON n LENGTH "${json}" entries)
 math(EXPR last "${n} - 1")
 string(JSON layer GET "${json}" entries ${last} layer)
 expect_equal("${layer}" "43" "last layer of the Flash plan")
+# The expert-parallel split over 2 hosts of 2 GPUs.
+run_keel(TRUE out plan --shape flash --arch cpu --gpus 2 --hosts 2)
+expect_text("${out}" "expert parallel over 4 GPUs (2 hosts of 2)")
+expect_text("${out}" "rank 3: host 1 GPU 1, 64 of 256 routed experts per layer (3,7,11,..,255)")
 
 run_keel(TRUE out plan --list-kernels)
 expect_text("${out}" "moe_gemm")

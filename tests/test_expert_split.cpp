@@ -40,5 +40,14 @@ TEST(ExpertSplit, DescribesFlashOverFourGpus) {
   EXPECT_NE(text.find("43 per token"), std::string::npos) << text;
 }
 
+TEST(ExpertSplit, NamesEachRanksHostAndGpu) {
+  const ModelConfig flash = synth_config({.shape = "flash"});
+  const std::string text = ExpertSplit{.ranks = 4, .hosts = 2}.describe(flash);
+  EXPECT_NE(text.find("over 4 GPUs (2 hosts of 2)"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1: host 0 GPU 1, 64 of 256"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 2: host 1 GPU 0, 64 of 256 routed experts per layer (2,6,10,..,254)"), std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace keel

@@ -178,6 +178,7 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
   cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
   add_kernel_options(cmd, o->kernels);
+  add_host_options(cmd, o->kernels);
   cmd->callback([o, cmd] {
     if (cmd->got_subcommand("serve")) return;
     if (o->model.empty()) fail(ErrorCode::usage, {.field = "--model"}, "keel bench needs --model DIR");

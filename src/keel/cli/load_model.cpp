@@ -17,6 +17,16 @@ void add_kernel_options(CLI::App* cmd, KernelOptions& o) {
       ->check(CLI::Range(1, 64));
 }
 
+void add_host_options(CLI::App* cmd, KernelOptions& o) {
+  cmd->add_option("--hosts", o.hosts, "Several hosts, one process each with the same command: the ranks are hosts x --gpus")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--host-rank", o.host_rank, "With --hosts: this host's place, 0..hosts-1 (host 0 writes --nccl-id)")
+      ->check(CLI::Range(0, 1023));
+  cmd->add_option("--nccl-id", o.nccl_id,
+                  "With --hosts: a file every host can read (shared storage) that host 0 writes NCCL's unique id to; "
+                  "it must not exist at launch and is removed once all ranks have joined");
+}
+
 std::unique_ptr<Model> load_model(const std::string& directory, bool quiet, const KernelOptions& kernels) {
   const auto start = std::chrono::steady_clock::now();
   Model::Progress progress;

@@ -24,6 +24,7 @@ void add_logits(CLI::App& app) {
   cmd->add_option("--device", o->kernels.device, "Where the model runs: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--gpus", o->kernels.gpus, "Split the model over GPUs 0..N-1 (expert parallel)")
       ->check(CLI::Range(1, 64));
+  add_host_options(cmd, o->kernels);
   cmd->callback([o] {
     const std::vector<int32_t> ids = read_ids(o->ids);
     if (ids.empty()) fail(ErrorCode::bad_input, {.file = o->ids}, "no token ids in the file");

@@ -26,7 +26,7 @@ struct PlanCommand {
   PlanOptions plan;
   std::string model, shape;
   int layers = 0, mtp_layers = -1;
-  int gpus = 1;
+  int gpus = 1, hosts = 1;
   bool json = false, per_layer = false, list_kernels = false;
 };
 
@@ -48,7 +48,7 @@ void run_plan(const PlanCommand& o) {
   } else {
     fmt::print("arch {} ({})\n{}", name(arch), source, plan.table(o.per_layer));
   }
-  if (o.gpus > 1 && !o.json) fmt::print("{}", ExpertSplit{o.gpus}.describe(config));
+  if (o.gpus * o.hosts > 1 && !o.json) fmt::print("{}", ExpertSplit{o.gpus * o.hosts, o.hosts}.describe(config));
 }
 
 }  // namespace
@@ -114,6 +114,7 @@ void add_plan(CLI::App& app) {
   cmd->add_option("--mtp-layers", o->mtp_layers, "With --shape: MTP layers (default 1)");
   add_plan_options(cmd, o->plan);
   cmd->add_option("--gpus", o->gpus, "Also show the expert-parallel split over this many GPUs")->check(CLI::Range(1, 64));
+  cmd->add_option("--hosts", o->hosts, "... of each of this many hosts (as keel run --hosts)")->check(CLI::Range(1, 1024));
   cmd->add_flag("--json", o->json, "JSON instead of a table");
   cmd->add_flag("--per-layer", o->per_layer, "One table row per layer and op (default: alike layers grouped)");
   cmd->add_flag("--list-kernels", o->list_kernels, "List the kernels in this binary instead");

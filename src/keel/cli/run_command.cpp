@@ -206,6 +206,7 @@ void add_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No loading progress");
   add_kernel_options(cmd, o->kernels);
+  add_host_options(cmd, o->kernels);
   cmd->callback([o, cmd] {
     o->text_given = cmd->count("--prompt") > 0;
     o->ids_given = cmd->count("--prompt-ids") > 0;

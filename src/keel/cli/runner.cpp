@@ -116,7 +116,9 @@ class ParallelExecutor final : public Executor {
   }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override {
-    return fmt::format("{} GPUs, expert parallel ({})", model_->gpus(), cuda::devices().at(0).name);
+    const Ranks& r = model_->ranks();
+    const std::string hosts = r.hosts > 1 ? fmt::format(" on {} hosts (this one: host {})", r.hosts, r.host) : "";
+    return fmt::format("{} GPUs{}, expert parallel ({})", r.world(), hosts, cuda::devices().at(0).name);
   }
   double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(0, bytes, 10); }
   double measure_tensor_throughput() const override { return cuda::mma_bf16_throughput(0, 5); }
@@ -164,14 +166,17 @@ std::optional<int> cuda_index(const std::string& device) {
 }  // namespace
 
 Loaded load_executor(const std::string& directory, bool quiet, const KernelOptions& options) {
-  if (options.gpus > 1) {
+  if (options.gpus > 1 || options.hosts > 1) {
+    const Ranks ranks{
+        .gpus = std::max(1, options.gpus), .hosts = options.hosts, .host = options.host_rank, .id_file = options.nccl_id};
+    ranks.check();
 #if KEEL_HAVE_NCCL
     Loaded l{load_model(directory, /*quiet=*/true, KernelOptions{})};
     const auto start = std::chrono::steady_clock::now();
-    auto model = parallel::ExpertParallelModel::create(*l.model, options.gpus, options.target, options.draft);
+    auto model = parallel::ExpertParallelModel::create(*l.model, ranks, options.target, options.draft);
     if (!quiet) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      fmt::print(stderr, "uploaded {} to {} GPUs in {:.2f} s\n{}{}\n", directory, options.gpus, s, model->layout(),
+      fmt::print(stderr, "uploaded {} to {} GPUs in {:.2f} s\n{}{}\n", directory, ranks.gpus, s, model->layout(),
                  model->plan().summary());
     }
     if (options.verbose) fmt::print(stderr, "{}", model->plan().table());

@@ -4,7 +4,9 @@
 
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fmt/format.h>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -30,6 +32,7 @@ struct ExpertParallelModel::Comms {
     for (cudaEvent_t e : marks) cudaEventDestroy(e);
     for (ncclComm_t c : comms) ncclCommDestroy(c);
   }
+  // `rank` counts this host's ranks; the first one's calls are timed.
   void all_reduce(int rank, float* data, int64_t count, cudaStream_t stream) {
     const bool timed = rank == 0;
     if (timed) mark(stream);
@@ -58,13 +61,55 @@ struct ExpertParallelModel::Comms {
   }
 };
 
-std::unique_ptr<ExpertParallelModel> ExpertParallelModel::create(const Model& model, int gpus,
+namespace {
+
+// Host 0's unique id, passed to the other hosts through a file (Ranks says how).
+ncclUniqueId shared_unique_id(const Ranks& where) {
+  ncclUniqueId id;
+  if (where.hosts == 1) {
+    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    return id;
+  }
+  const std::filesystem::path file = where.id_file;
+  if (where.host == 0) {
+    if (std::filesystem::exists(file)) {
+      fail(ErrorCode::usage, {.field = "--nccl-id"},
+           fmt::format("{} already exists: other hosts could read an earlier launch's id; remove it or name a new file",
+                       file.string()));
+    }
+    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    // Written under another name, then renamed, so no host reads half an id.
+    const std::filesystem::path partial = file.string() + ".partial";
+    {
+      std::ofstream out(partial, std::ios::binary);
+      out.write(id.internal, sizeof(id.internal));
+      if (!out.flush()) fail(ErrorCode::usage, {.field = "--nccl-id"}, "cannot write " + partial.string());
+    }
+    std::filesystem::rename(partial, file);
+    return id;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + where.wait;
+  while (true) {
+    std::ifstream in(file, std::ios::binary);
+    if (in && in.read(id.internal, sizeof(id.internal))) return id;
+    if (std::chrono::steady_clock::now() > deadline) {
+      fail(ErrorCode::usage, {.field = "--nccl-id"},
+           fmt::format("host {} waited {} s for host 0 to write {}", where.host, where.wait.count(), file.string()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ExpertParallelModel> ExpertParallelModel::create(const Model& model, const Ranks& where,
                                                                  const BackendChoices& target,
                                                                  const BackendChoices& draft) {
+  where.check();
   const std::vector<cuda::DeviceInfo> found = cuda::devices();
-  if (gpus < 1 || gpus > static_cast<int>(found.size())) {
-    fail(ErrorCode::usage, {.field = "--gpus"},
-         fmt::format("{} GPUs asked for, {} present", gpus, found.size()));
+  const int gpus = where.gpus;
+  if (gpus > static_cast<int>(found.size())) {
+    fail(ErrorCode::usage, {.field = "--gpus"}, fmt::format("{} GPUs asked for, {} present", gpus, found.size()));
   }
   for (int r = 1; r < gpus; ++r) {
     if (found[r].major != found[0].major || found[r].minor != found[0].minor) {
@@ -76,19 +121,22 @@ std::unique_ptr<ExpertParallelModel> ExpertParallelModel::create(const Model& mo
   // NVLink multicast (NVLS) stays off unless the user turned it on explicitly.
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   std::unique_ptr<ExpertParallelModel> m(new ExpertParallelModel);
+  m->where_ = where;
   m->comms_ = std::make_unique<Comms>();
   Comms& comms = *m->comms_;
   comms.comms.resize(gpus);
-  ncclUniqueId id;
-  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const ncclUniqueId id = shared_unique_id(where);
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < gpus; ++r) {
     cuda::check_api(cudaSetDevice(r), "cudaSetDevice");
-    check_nccl(ncclCommInitRank(&comms.comms[r], gpus, id, r), "ncclCommInitRank");
+    check_nccl(ncclCommInitRank(&comms.comms[r], where.world(), id, where.first() + r), "ncclCommInitRank");
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  // Every rank has joined, so no host needs the id any more: the path can serve the next launch.
+  if (where.hosts > 1 && where.host == 0) std::filesystem::remove(where.id_file);
   for (int r = 0; r < gpus; ++r) {
-    cuda::ExpertShare share{r, ExpertSplit{gpus}, [&comms, r](float* data, int64_t count, cudaStream_t stream) {
+    cuda::ExpertShare share{where.first() + r, ExpertSplit{where.world(), where.hosts},
+                            [&comms, r](float* data, int64_t count, cudaStream_t stream) {
                               comms.all_reduce(r, data, count, stream);
                             }};
     m->ranks_.push_back(cuda::GpuModel::create(model, r, target, draft, std::move(share)));
@@ -159,8 +207,12 @@ std::vector<std::optional<RowSummary>> ExpertParallelModel::forward(std::span<co
 
 std::string ExpertParallelModel::layout() const {
   std::string out = ranks_.front()->share().split.describe(ranks_.front()->config());
+  if (where_.hosts > 1) {
+    out += fmt::format("  this is host {} of {}: ranks {}..{} on its GPUs 0..{}\n", where_.host, where_.hosts,
+                       where_.first(), where_.first() + gpus() - 1, gpus() - 1);
+  }
   for (int r = 0; r < gpus(); ++r) {
-    out += fmt::format("  rank {} holds {:.1f} MiB of weights\n", r, ranks_[r]->weight_bytes() / 1048576.0);
+    out += fmt::format("  rank {} holds {:.1f} MiB of weights\n", where_.first() + r, ranks_[r]->weight_bytes() / 1048576.0);
   }
   return out;
 }
