@@ -227,25 +227,25 @@ double ExpertParallelModel::all_reduce_seconds(int64_t floats, int iterations) {
     cuda::check_api(cudaMemset(buffers.back().data(), 0, floats * sizeof(float)), "cudaMemset");
     cuda::check_api(cudaStreamCreate(&streams[r]), "cudaStreamCreate");
   }
-  // Timed as the forward pass sees it: back-to-back calls on each rank's stream, CUDA
-  // events on rank 0's, so launches overlap the previous call as they do between layers.
+  // Timed as the forward pass sees it: each rank's thread launches its own calls back to
+  // back on its stream (no group: a single thread launching for every rank would time its
+  // launches, not the link), CUDA events on the first rank's stream.
   cudaEvent_t start, stop;
   cuda::check_api(cudaSetDevice(0), "cudaSetDevice");
   cuda::check_api(cudaEventCreate(&start), "cudaEventCreate");
   cuda::check_api(cudaEventCreate(&stop), "cudaEventCreate");
   const auto round = [&](int count) {
-    cuda::check_api(cudaEventRecord(start, streams[0]), "cudaEventRecord");
-    for (int i = 0; i < count; ++i) {
-      check_nccl(ncclGroupStart(), "ncclGroupStart");
-      for (int r = 0; r < n; ++r) {
+    each_rank([&](int r) {
+      cuda::check_api(cudaSetDevice(r), "cudaSetDevice");
+      if (r == 0) cuda::check_api(cudaEventRecord(start, streams[0]), "cudaEventRecord");
+      for (int i = 0; i < count; ++i) {
         check_nccl(ncclAllReduce(buffers[r].data(), buffers[r].data(), static_cast<size_t>(floats), ncclFloat, ncclSum,
                                  comms_->comms[r], streams[r]),
                    "ncclAllReduce");
       }
-      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-    }
-    cuda::check_api(cudaEventRecord(stop, streams[0]), "cudaEventRecord");
-    for (int r = 0; r < n; ++r) cuda::check_api(cudaStreamSynchronize(streams[r]), "cudaStreamSynchronize");
+      if (r == 0) cuda::check_api(cudaEventRecord(stop, streams[0]), "cudaEventRecord");
+      cuda::check_api(cudaStreamSynchronize(streams[r]), "cudaStreamSynchronize");
+    });
     float ms = 0;
     cuda::check_api(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
     return ms * 1e-3 / count;
