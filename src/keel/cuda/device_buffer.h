@@ -37,6 +37,7 @@ class DeviceBuffer {
   T* data() { return data_; }
   const T* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
   uint64_t bytes() const { return capacity_ * sizeof(T); }
 
   // At least n elements of capacity, keeping the first size() elements.

@@ -470,6 +470,15 @@ void close_windows(const Step& s, const DeviceCompressor& w, const ClosingWindow
 
 // --- Attention (§5) ------------------------------------------------------------------------
 
+// `entries` rows of `dim` floats, with room reserved ahead (64 rows at least, then
+// doubling): growing mid-step (cudaMalloc, a copy, cudaFree) stalls the whole device,
+// and many sequences growing in the same step each pay it.
+void resize_entries(DeviceBuffer<float>& b, int64_t entries, int64_t dim) {
+  const auto rows = static_cast<size_t>(entries), width = static_cast<size_t>(dim);
+  if (rows * width > b.capacity()) b.reserve(std::max({rows, 2 * b.capacity() / width, size_t{64}}) * width);
+  b.resize(rows * width);
+}
+
 // Room for `n` chunk keys and `entries` compressed entries; the ring and the entries
 // made so far move with a reallocation.
 void reserve_keys(const Step& s, DeviceLayerState& st, int64_t n, int64_t entries) {
@@ -591,7 +600,7 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
-      st.index_keys.resize((st.indexer.count + (st.indexer.pending + n) / ic.ratio) * ic.dim);
+      resize_entries(st.index_keys, st.indexer.count + (st.indexer.pending + n) / ic.ratio, ic.dim);
       compress(ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n, st.index_keys.data(),
                jobs, index_closing);
     }
@@ -1284,7 +1293,7 @@ void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJ
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
-      st.index_keys.resize((st.indexer.count + (st.indexer.pending + keep) / ic.ratio) * ic.dim);
+      resize_entries(st.index_keys, st.indexer.count + (st.indexer.pending + keep) / ic.ratio, ic.dim);
       compress(ic, st.indexer, saved[2].data(), saved[3].data(), keep, st.index_keys.data(), jobs, index_closing);
       close_windows(s, ic, index_closing);
     }
