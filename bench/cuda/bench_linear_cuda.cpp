@@ -2,7 +2,8 @@
 // device copy bandwidth measured in the same run (cudaMemcpy device to device: bytes
 // read + bytes written per second), one row per case and kernel (gemv: linear(), the
 // CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel); then FP8 and MXFP4 shapes
-// at 1, 8, 64 and 256 tokens per call; then the routed experts' pair forms (gemv:
+// at 1, 8, 64, 256 and 4096 tokens per call (FP8 also by w8a8: linear_w8a8, FP8
+// activations on FP8 tensor cores, on sm_89 and later); then the routed experts' pair forms (gemv:
 // linear_pairs, mma: linear_pairs_mma) over 256 experts, 6 per token; then the
 // lightning indexer with its top-k for one decode token by actual context length.
 //
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm_fp8.h"
 #include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
 #include "cuda/linear.h"
@@ -131,16 +133,20 @@ int main(int argc, char** argv) {
       {"wq_b fp8", 32768, 1024, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
       {"expert w1 mxfp4", 2048, 4096, keel::WeightFormat::mxfp4, keel::DType::i8},
   };
+  const bool fp8_mma = prop.major * 10 + prop.minor >= 89;
   for (const Case& c : batched) {
     const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
     keel::cuda::DeviceWeight w = keel::cuda::upload(host.weight());
-    for (const int64_t tokens : {1, 8, 64, 256}) {
+    std::vector<Kernel> kernels(std::begin(kKernels), std::end(kKernels));
+    if (fp8_mma && c.format == keel::WeightFormat::fp8_block) kernels.push_back({"w8a8", &keel::cuda::linear_w8a8});
+    for (const int64_t tokens : {1, 8, 64, 256, 4096}) {
       const std::vector<float> xs = normal(size_t(tokens * c.in));
       float *x = nullptr, *y = nullptr;
       check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
       check(cudaMalloc(reinterpret_cast<void**>(&y), tokens * c.out * sizeof(float)));
       check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
-      for (const Kernel& k : kKernels) {
+      for (const Kernel& k : kernels) {
+        if (tokens > 256 && k.run == &keel::cuda::linear) continue;  // the GEMV is for few tokens
         const double s = seconds([&] { k.run(w, x, y, tokens, nullptr); }, iters);
         check(cudaDeviceSynchronize());
         const double bw = w.bytes / s;

@@ -438,18 +438,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   mma_tile<F, R, C>(w, blockIdx.x, split, cols);
 }
 
-// Warps that share a row tile's k (one block's, up to all 8): a function of the shape
-// only, never of the token count, so that a token's sums are the same in every call.
-// It doubles while a one-token product has fewer than 2048 warps of 32 rows (16 per SM
-// of a 132-SM GPU: two blocks, what the registers allow) and each share keeps at least
-// 2 units of k.
-int split_for(const DeviceWeight& w) {
-  const int64_t tiles = (w.out + 31) / 32, units = (w.in + kUnit - 1) / kUnit;
-  int split = 1;
-  while (split < kWarps && tiles * split < 2048 && units >= 4 * split) split *= 2;
-  return split;
-}
-
 // A warp's tile: up to 8 tokens, 2 row tiles (32 rows) by 1 column group, so x's
 // conversion serves two tiles and registers leave room for the next step's loads. More
 // tokens: 2 row tiles by 2 column groups (16 tokens per pass), each decoded chunk used
@@ -461,7 +449,7 @@ constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 
 template <WeightFormat F, int R, int C>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
-  const int split = split_for(w);
+  const int split = mma_k_split(w);
   const int64_t rows = int64_t{kWarps / split} * 16 * R;
   const int64_t passes = (tokens + 8 * C - 1) / (8 * C);
   const int64_t blocks = (w.out + rows - 1) / rows * passes;
@@ -502,7 +490,7 @@ void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& li
     order = scratch, groups = reinterpret_cast<PairGroup*>(scratch + pairs), count = scratch + (1 + kGroupInts) * pairs;
     group_pairs(experts, pairs, n_table, kTile, order, groups, count, stream);
   }
-  const int split = split_for(like);
+  const int split = mma_k_split(like);
   const int64_t rows = int64_t{kWarps / split} * 16 * R, blocks = (like.out + rows - 1) / rows;
   const int64_t most = kGrouped ? std::min(pairs, std::min(pairs, int64_t{n_table} + 1) + pairs / kTile) : pairs;
   if (most > 65535 || blocks > INT_MAX) {
@@ -540,6 +528,13 @@ int step_of(const DeviceWeight& w) {
 }
 
 }  // namespace
+
+int mma_k_split(const DeviceWeight& w) {
+  const int64_t tiles = (w.out + 31) / 32, units = (w.in + kUnit - 1) / kUnit;
+  int split = 1;
+  while (split < kWarps && tiles * split < 2048 && units >= 4 * split) split *= 2;
+  return split;
+}
 
 bool linear_mma_takes(const DeviceWeight& w, const float* x) {
   const int step = step_of(w);

@@ -55,6 +55,14 @@ void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight
                       int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch,
                       void* stream = nullptr);
 
+// How many warps of a block (1 to 8) share a row tile's k, in contiguous shares of
+// 128-k units: a function of the weight's shape only, never of the token count, so
+// that a token's sums are the same in every call. It doubles while a one-token product
+// has fewer than 2048 warps of 32 rows (16 per SM of a 132-SM GPU: two blocks, what the
+// registers allow) and each share keeps at least 2 units of k. (cuda/gemm_fp8.h's
+// kernel splits alike.)
+int mma_k_split(const DeviceWeight& w);
+
 // Adds the kernels to the registry (called from cuda/kernels.cu).
 void register_gemm_mma(Registry& registry);
 

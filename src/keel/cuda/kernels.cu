@@ -3,6 +3,7 @@
 #include "cuda/attention.h"
 #include "cuda/compressor.h"
 #include "cuda/embedding.h"
+#include "cuda/gemm_fp8.h"
 #include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
 #include "cuda/linear.h"
@@ -17,6 +18,7 @@ extern "C" void keel_register_cuda_kernels(keel::Registry& registry) {
   keel::cuda::register_embedding(registry);
   keel::cuda::register_linear(registry);
   keel::cuda::register_gemm_mma(registry);
+  keel::cuda::register_gemm_fp8(registry);
   keel::cuda::register_norm(registry);
   keel::cuda::register_rope(registry);
   keel::cuda::register_attention(registry);

@@ -378,4 +378,17 @@ void linear_reference(const Weight& w, ConstRows x, Rows y, RowRange range) {
   }
 }
 
+void linear_w8a8_reference(const Weight& w, ConstRows x, Rows y, RowRange range) {
+  constexpr int kGroup = 128;
+  const int64_t in = in_features(w), groups = (in + kGroup - 1) / kGroup;
+  std::vector<float> dense(static_cast<size_t>(x.count * in)), scales(static_cast<size_t>(x.count * groups));
+  std::vector<uint8_t> codes(dense.size());
+  for (int64_t t = 0; t < x.count; ++t) std::copy_n(x.row(t), in, dense.begin() + t * in);
+  quantize_fp8_activations(dense, x.count, in, kGroup, codes, scales);
+  for (int64_t i = 0; i < x.count * in; ++i) {
+    dense[i] = e4m3_to_f32(codes[i]) * scales[i / in * groups + i % in / kGroup];  // exact: a power-of-two scale
+  }
+  linear_reference(w, rows_of(std::span<const float>(dense), in), y, range);
+}
+
 }  // namespace keel

@@ -52,6 +52,12 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range = {});
 // (quant/): the check for the fast decoders above.
 void linear_reference(const Weight& w, ConstRows x, Rows y, RowRange range = {});
 
+// W8A8, the numerics of DeepSeek's FP8 GEMMs (cuda/gemm_fp8.h runs them on FP8 tensor
+// cores): each row of x quantized to e4m3 per 1x128 group with a power-of-two scale
+// (quant/fp8_block.h's quantize_fp8_activations), then linear_reference over those
+// values, each product of two exact FP8 values summed in f64.
+void linear_w8a8_reference(const Weight& w, ConstRows x, Rows y, RowRange range = {});
+
 inline int64_t out_features(const Weight& w) { return w.spec->shape[0]; }
 inline int64_t in_features(const Weight& w) { return w.spec->shape[1]; }
 

@@ -45,6 +45,11 @@ class ArchSet {
     return s;
   }
 
+  constexpr ArchSet with(Arch a) const {
+    ArchSet s = *this;
+    s.bits_ |= bit(a);
+    return s;
+  }
   constexpr bool has(Arch a) const { return (bits_ & bit(a)) != 0; }
   constexpr bool empty() const { return bits_ == 0; }
   constexpr bool operator==(const ArchSet&) const = default;
