@@ -1107,26 +1107,33 @@ std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceC
     head_rows.push_back(choices[i] && !batch[i].tokens.empty() ? 1 : 0);
     if (head_rows.back()) chosen.push_back(i);
   }
-  const int64_t n = run(batch, head_rows), V = config().vocab_size;
+  const int64_t n = run(batch, head_rows);
   std::vector<std::optional<RowSummary>> out(batch.size());
   if (n == 0) {
     if (!batch.empty()) end_call();
     return out;
   }
-  const Kernels& top = *top_kernels_;
+  std::vector<RowChoice> row_choices;
+  for (const size_t i : chosen) row_choices.push_back(*choices[i]);
+  std::vector<RowSummary> rows = summarize_logits(*top_kernels_, row_choices);
+  for (size_t j = 0; j < chosen.size(); ++j) out[chosen[j]] = std::move(rows[j]);
+  return out;
+}
+
+std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span<const RowChoice> choices) const {
+  const int64_t n = static_cast<int64_t>(choices.size()), V = config().vocab_size;
+  std::vector<RowSummary> out;
   if (!top.sample) {  // the plan chose the host sampler: every row comes back
     const float* logits = copy_back_logits(n);
-    for (size_t j = 0; j < chosen.size(); ++j) {
-      out[chosen[j]] = summarize_for(std::span(logits + j * V, V), *choices[chosen[j]]);
-    }
+    for (int64_t j = 0; j < n; ++j) out.push_back(summarize_for(std::span(logits + j * V, V), choices[j]));
     return out;
   }
   Workspace& ws = *work_;
   if (ws.timer) ws.timer->mark("sampling summaries", stream_);
   std::vector<SummaryTask> tasks;
   int stride = 1;
-  for (const size_t i : chosen) {
-    tasks.push_back(summary_task(*choices[i]));
+  for (const RowChoice& choice : choices) {
+    tasks.push_back(summary_task(choice));
     tasks.back().candidates = std::min(tasks.back().candidates, kMaxCandidates);
     stride = std::max(stride, tasks.back().candidates);
   }
@@ -1146,23 +1153,22 @@ std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceC
   const auto* values = reinterpret_cast<const float*>(host + totals_bytes + list_bytes);
   end_call();
   std::vector<float> row;
-  for (size_t j = 0; j < chosen.size(); ++j) {
-    const RowChoice& choice = *choices[chosen[j]];
+  for (int64_t j = 0; j < n; ++j) {
     RowSummary s = row_summary(totals[j], ids + j * stride, values + j * stride, V);
-    if (!summary_suffices(choice.params, s)) {  // rare: a top-p mass beyond the candidates
+    if (!summary_suffices(choices[j].params, s)) {  // rare: a top-p mass beyond the candidates
       row.resize(static_cast<size_t>(V));
       check_api(cudaMemcpy(row.data(), ws.logits.data() + j * V, V * kF, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      s = summarize_for(row, choice);
+      s = summarize_for(row, choices[j]);
     }
-    out[chosen[j]] = std::move(s);
+    out.push_back(std::move(s));
   }
   return out;
 }
 
 // --- The MTP layer and speculative decoding ---------------------------------------------
 
-std::vector<float> GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<const int32_t> next_tokens,
-                                   DeviceBuffer<float>& out_streams) const {
+RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<const int32_t> next_tokens,
+                           const RowChoice& choice, DeviceBuffer<float>& out_streams) const {
   if (!has_draft_) fail(ErrorCode::usage, {}, "this model has no MTP layer to draft with");
   const ModelConfig& c = config();
   check_tokens(c, seq.draft_length + 1, next_tokens);
@@ -1205,20 +1211,20 @@ std::vector<float> GpuModel::draft(DeviceSequence& seq, const float* streams, st
   k.norm(h, m.norm.data(), s.eps(), h, 1, D, stream_);
   grow(ws.logits, V);
   top.gemm[static_cast<size_t>(host_.tensors().head->spec->format)](head_, h, ws.logits.data(), 1, stream_);
-  const float* logits = copy_back_logits(1);
-  return {logits, logits + V};
+  return std::move(summarize_logits(top, std::span(&choice, 1)).front());
 }
 
-std::vector<float> GpuModel::verify(DeviceSequence& seq, std::span<const int32_t> tokens, LogitRows which,
-                                    DeviceBuffer<float>& streams, DeviceJournal* journal) const {
+std::vector<RowSummary> GpuModel::verify(DeviceSequence& seq, std::span<const int32_t> tokens,
+                                         std::span<const RowChoice> choices, DeviceBuffer<float>& streams,
+                                         DeviceJournal* journal) const {
   const ModelConfig& c = config();
+  const int64_t n = static_cast<int64_t>(tokens.size()), head_rows = static_cast<int64_t>(choices.size());
+  if (head_rows < 1 || head_rows > n) fail(ErrorCode::usage, {}, "a verification summarizes 1 .. tokens rows");
   if (journal) journal->layers.resize(static_cast<size_t>(c.num_hidden_layers));
   const DeviceChunk chunk{&seq, tokens};
-  const int64_t n = static_cast<int64_t>(tokens.size()), head_rows = which == LogitRows::last ? 1 : n;
-  const int64_t rows = run(std::span(&chunk, 1), std::span(&head_rows, 1), journal);
+  run(std::span(&chunk, 1), std::span(&head_rows, 1), journal);
   copy_into(streams, work_->streams.data(), n * c.hc_mult * c.hidden_size, stream_);
-  const float* logits = copy_back_logits(rows);
-  return {logits, logits + rows * c.vocab_size};
+  return summarize_logits(*top_kernels_, choices);
 }
 
 void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count, int64_t length, int64_t ahead,

@@ -147,14 +147,16 @@ class GpuModel {
   bool has_draft() const { return has_draft_; }
   // Model::draft: the MTP layer at positions draft_length .. + n − 1, row i from
   // `streams` ([n, hc, D], device memory) and next_tokens[i]; the last row's logits
-  // (host), its output streams into `out_streams` ([hc, D], device).
-  std::vector<float> draft(DeviceSequence& sequence, const float* streams, std::span<const int32_t> next_tokens,
-                           DeviceBuffer<float>& out_streams) const;
-  // A verification: `tokens` on one sequence, the logits of `rows` (host), every row's
-  // streams into `streams` ([n, hc, D], device), and with a journal the compressors'
-  // inputs.
-  std::vector<float> verify(DeviceSequence& sequence, std::span<const int32_t> tokens, LogitRows rows,
-                            DeviceBuffer<float>& streams, DeviceJournal* journal) const;
+  // summarized for `choice` by the draft's planned sampling kernel (as forward's rows),
+  // its output streams into `out_streams` ([hc, D], device).
+  RowSummary draft(DeviceSequence& sequence, const float* streams, std::span<const int32_t> next_tokens,
+                   const RowChoice& choice, DeviceBuffer<float>& out_streams) const;
+  // A verification: `tokens` on one sequence, the last choices.size() rows summarized
+  // for them (as forward's rows), every row's streams into `streams` ([n, hc, D],
+  // device), and with a journal the compressors' inputs.
+  std::vector<RowSummary> verify(DeviceSequence& sequence, std::span<const int32_t> tokens,
+                                 std::span<const RowChoice> choices, DeviceBuffer<float>& streams,
+                                 DeviceJournal* journal) const;
   // Mark before at most `ahead` tokens (into `mark`, whose buffers are reused); rewind
   // to the first `keep` of them, replaying their compressor inputs.
   void mark(const DeviceSequence& sequence, int64_t ahead, DeviceMark& mark) const;
@@ -184,6 +186,10 @@ class GpuModel {
   // Copies `rows` rows of logits back and ends the call; the host pointer lives until
   // the next call.
   const float* copy_back_logits(int64_t rows) const;
+  // The first choices.size() rows of logits in the workspace, summarized for them by
+  // `top`'s sampling kernel (on the host from copied-back rows when the plan chose the
+  // host sampler, or when a summary does not suffice); ends the call.
+  std::vector<RowSummary> summarize_logits(const Kernels& top, std::span<const RowChoice> choices) const;
   // Synchronizes the stream (the next call reuses the staging memory) and collects the
   // profile.
   void end_call() const;

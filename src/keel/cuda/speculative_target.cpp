@@ -21,28 +21,28 @@ GpuSpeculativeTarget::GpuSpeculativeTarget(const GpuModel& model) : model_(model
   if (!model.has_draft()) fail(ErrorCode::usage, {}, "speculative decoding needs a model with an MTP layer");
 }
 
-std::vector<float> GpuSpeculativeTarget::prefill(std::span<const int32_t> prompt) {
+RowSummary GpuSpeculativeTarget::prefill(std::span<const int32_t> prompt, const RowChoice& choice) {
   use_device();
-  // The prompt's streams all wait for the MTP layer; only its last row's logits are wanted.
-  std::vector<float> logits = model_.verify(sequence_, prompt, LogitRows::last, verified_, nullptr);
+  // The prompt's streams all wait for the MTP layer; only its last row is summarized.
+  RowSummary last = std::move(model_.verify(sequence_, prompt, std::span(&choice, 1), verified_, nullptr).front());
   verified_tokens_ = static_cast<int64_t>(prompt.size());
   keep(verified_tokens_);
-  return logits;
+  return last;
 }
 
-std::vector<float> GpuSpeculativeTarget::draft(std::span<const int32_t> next_tokens) {
+RowSummary GpuSpeculativeTarget::draft(std::span<const int32_t> next_tokens, const RowChoice& choice) {
   use_device();
-  std::vector<float> logits = model_.draft(sequence_, waiting_.data(), next_tokens, draft_streams_);
+  RowSummary last = model_.draft(sequence_, waiting_.data(), next_tokens, choice, draft_streams_);
   waiting_.resize(0);
   model_.mark_draft(sequence_, kMaxDraftTokens, draft_mark_);
   copy_streams(first_streams_, draft_streams_);
-  return logits;
+  return last;
 }
 
-std::vector<float> GpuSpeculativeTarget::draft_more(int32_t token) {
+RowSummary GpuSpeculativeTarget::draft_more(int32_t token, const RowChoice& choice) {
   use_device();
   std::swap(draft_in_, draft_streams_);
-  return model_.draft(sequence_, draft_in_.data(), std::span(&token, 1), draft_streams_);
+  return model_.draft(sequence_, draft_in_.data(), std::span(&token, 1), choice, draft_streams_);
 }
 
 void GpuSpeculativeTarget::undo_drafts() {
@@ -51,11 +51,13 @@ void GpuSpeculativeTarget::undo_drafts() {
   copy_streams(draft_streams_, first_streams_);
 }
 
-std::vector<float> GpuSpeculativeTarget::verify(std::span<const int32_t> tokens) {
+std::vector<RowSummary> GpuSpeculativeTarget::verify(std::span<const int32_t> tokens,
+                                                     std::span<const RowChoice> choices) {
+  if (choices.size() != tokens.size()) fail(ErrorCode::usage, {}, "a verification needs one choice per token");
   use_device();
   model_.mark(sequence_, static_cast<int64_t>(tokens.size()), trunk_mark_);
   verified_tokens_ = static_cast<int64_t>(tokens.size());
-  return model_.verify(sequence_, tokens, LogitRows::all, verified_, &journal_);
+  return model_.verify(sequence_, tokens, choices, verified_, &journal_);
 }
 
 void GpuSpeculativeTarget::keep(int64_t keep) {

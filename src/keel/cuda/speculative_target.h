@@ -1,6 +1,7 @@
 // Speculative decoding on a GPU: model/speculative.h's SpeculativeTarget over a GpuModel
 // and one sequence on it. The trunk's streams stay in device memory between the
-// verification and the MTP layer; only logits rows come back.
+// verification and the MTP layer; rows are summarized on the device by the plan's
+// sampling kernels (the target's and the draft's), and only the summaries come back.
 #pragma once
 
 #include <memory>
@@ -19,11 +20,11 @@ class GpuSpeculativeTarget final : public SpeculativeTarget {
   explicit GpuSpeculativeTarget(const GpuModel& model);
   const ModelConfig& config() const override { return model_.config(); }
   int64_t length() const override { return sequence_.length; }
-  std::vector<float> prefill(std::span<const int32_t> prompt) override;
-  std::vector<float> draft(std::span<const int32_t> next_tokens) override;
-  std::vector<float> draft_more(int32_t token) override;
+  RowSummary prefill(std::span<const int32_t> prompt, const RowChoice& choice) override;
+  RowSummary draft(std::span<const int32_t> next_tokens, const RowChoice& choice) override;
+  RowSummary draft_more(int32_t token, const RowChoice& choice) override;
   void undo_drafts() override;
-  std::vector<float> verify(std::span<const int32_t> tokens) override;
+  std::vector<RowSummary> verify(std::span<const int32_t> tokens, std::span<const RowChoice> choices) override;
   void keep(int64_t keep) override;
 
  private:

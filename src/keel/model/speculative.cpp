@@ -6,14 +6,6 @@
 #include "base/error.h"
 
 namespace keel {
-namespace {
-
-// The token `sampler` would choose at draw `draw` from `logits`, without taking the draw.
-int32_t would_choose(const Sampler& sampler, uint64_t draw, std::span<const float> logits) {
-  return choose(sampler.params(), draw, summarize_for(logits, {sampler.params(), draw, 1}));
-}
-
-}  // namespace
 
 // --- The CPU's target ------------------------------------------------------------------
 
@@ -21,21 +13,21 @@ CpuSpeculativeTarget::CpuSpeculativeTarget(const Model& model) : model_(model), 
   if (!model.has_draft()) fail(ErrorCode::usage, {}, "speculative decoding needs a model with an MTP layer");
 }
 
-std::vector<float> CpuSpeculativeTarget::prefill(std::span<const int32_t> prompt) {
-  return model_.forward(sequence_, prompt, LogitRows::last, {.streams = &waiting_});
+RowSummary CpuSpeculativeTarget::prefill(std::span<const int32_t> prompt, const RowChoice& choice) {
+  return summarize_for(model_.forward(sequence_, prompt, LogitRows::last, {.streams = &waiting_}), choice);
 }
 
-std::vector<float> CpuSpeculativeTarget::draft(std::span<const int32_t> next_tokens) {
-  std::vector<float> logits = model_.draft(sequence_, waiting_, next_tokens, LogitRows::last, &draft_streams_);
+RowSummary CpuSpeculativeTarget::draft(std::span<const int32_t> next_tokens, const RowChoice& choice) {
+  const std::vector<float> logits = model_.draft(sequence_, waiting_, next_tokens, LogitRows::last, &draft_streams_);
   waiting_.clear();
   draft_mark_ = model_.mark_draft(sequence_, kMaxDraftTokens);
   first_streams_ = draft_streams_;
-  return logits;
+  return summarize_for(logits, choice);
 }
 
-std::vector<float> CpuSpeculativeTarget::draft_more(int32_t token) {
+RowSummary CpuSpeculativeTarget::draft_more(int32_t token, const RowChoice& choice) {
   const std::vector<float> in = std::move(draft_streams_);
-  return model_.draft(sequence_, in, std::span(&token, 1), LogitRows::last, &draft_streams_);
+  return summarize_for(model_.draft(sequence_, in, std::span(&token, 1), LogitRows::last, &draft_streams_), choice);
 }
 
 void CpuSpeculativeTarget::undo_drafts() {
@@ -43,10 +35,17 @@ void CpuSpeculativeTarget::undo_drafts() {
   draft_streams_ = first_streams_;
 }
 
-std::vector<float> CpuSpeculativeTarget::verify(std::span<const int32_t> tokens) {
+std::vector<RowSummary> CpuSpeculativeTarget::verify(std::span<const int32_t> tokens,
+                                                     std::span<const RowChoice> choices) {
+  if (choices.size() != tokens.size()) fail(ErrorCode::usage, {}, "a verification needs one choice per token");
   trunk_mark_ = model_.mark(sequence_, static_cast<int64_t>(tokens.size()));
   verified_tokens_ = static_cast<int64_t>(tokens.size());
-  return model_.forward(sequence_, tokens, LogitRows::all, {.streams = &verified_, .journal = &journal_});
+  const std::vector<float> logits =
+      model_.forward(sequence_, tokens, LogitRows::all, {.streams = &verified_, .journal = &journal_});
+  const auto V = static_cast<size_t>(config().vocab_size);
+  std::vector<RowSummary> out;
+  for (size_t i = 0; i < tokens.size(); ++i) out.push_back(summarize_for(std::span(logits).subspan(i * V, V), choices[i]));
+  return out;
 }
 
 void CpuSpeculativeTarget::keep(int64_t keep) {
@@ -64,9 +63,15 @@ SpeculativeDecoder::SpeculativeDecoder(SpeculativeTarget& target, int draft_toke
   }
 }
 
+namespace {
+
+// The row choice for `sampler`'s draw `draw`.
+RowChoice choice_at(const Sampler& sampler, uint64_t draw) { return {sampler.params(), draw, 1}; }
+
+}  // namespace
+
 int32_t SpeculativeDecoder::start(std::span<const int32_t> prompt, Sampler& sampler) {
-  const std::vector<float> logits = target_.prefill(prompt);
-  const int32_t first = sampler.next(logits);
+  const int32_t first = sampler.next(target_.prefill(prompt, choice_at(sampler, sampler.draws())));
   waiting_tokens_.assign(prompt.begin() + 1, prompt.end());
   waiting_tokens_.push_back(first);
   return first;
@@ -84,7 +89,6 @@ std::vector<int32_t> SpeculativeDecoder::generate(std::span<const int32_t> promp
 
 std::vector<int32_t> SpeculativeDecoder::step(Sampler& sampler) {
   const ModelConfig& c = target_.config();
-  const int64_t V = c.vocab_size;
   const int32_t next = waiting_tokens_.back();
   // Near the end of the context, fewer drafts (none at the last position).
   const int k =
@@ -95,8 +99,13 @@ std::vector<int32_t> SpeculativeDecoder::step(Sampler& sampler) {
   if (k > 0) {
     // The MTP layer catches up on the trunk's positions; its last row drafts the first
     // token, its own output the others (positions undone afterwards).
-    drafts.push_back(would_choose(sampler, draw, target_.draft(waiting_tokens_)));
-    for (int j = 1; j < k; ++j) drafts.push_back(would_choose(sampler, draw + j, target_.draft_more(drafts.back())));
+    // Each draft is the token the sampler would choose at its position's draw, without
+    // taking the draw.
+    const SamplingParams& p = sampler.params();
+    drafts.push_back(choose(p, draw, target_.draft(waiting_tokens_, choice_at(sampler, draw))));
+    for (int j = 1; j < k; ++j) {
+      drafts.push_back(choose(p, draw + j, target_.draft_more(drafts.back(), choice_at(sampler, draw + j))));
+    }
     target_.undo_drafts();
     waiting_tokens_.clear();
   }
@@ -104,10 +113,12 @@ std::vector<int32_t> SpeculativeDecoder::step(Sampler& sampler) {
   // One trunk forward over the next token and the drafts.
   std::vector<int32_t> run{next};
   run.insert(run.end(), drafts.begin(), drafts.end());
-  const std::vector<float> logits = target_.verify(run);
+  std::vector<RowChoice> choices;
+  for (size_t j = 0; j < run.size(); ++j) choices.push_back(choice_at(sampler, draw + j));
+  const std::vector<RowSummary> rows = target_.verify(run, choices);
   std::vector<int32_t> out;
   for (size_t j = 0; j < run.size(); ++j) {
-    out.push_back(sampler.next(std::span(logits).subspan(j * V, V)));
+    out.push_back(sampler.next(rows[j]));  // row j was summarized for draw `draw + j`, the sampler's now
     if (j == drafts.size() || out.back() != drafts[j]) break;
   }
   const auto kept = static_cast<int64_t>(out.size());

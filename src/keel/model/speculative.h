@@ -26,25 +26,29 @@ namespace keel {
 inline constexpr int kMaxDraftTokens = 3;
 
 // What speculative decoding needs from a model with an MTP layer and one sequence on
-// it; the CPU's (below) and a GPU's implement it. Logits come back as host rows [n, V].
-// The trunk's streams stay with the implementation: they wait for the MTP layer, which
-// runs position p from the trunk's streams at p and the token after it.
+// it; the CPU's (below) and a GPU's implement it. A row the decoder chooses from is
+// summarized where its logits were computed, for the choice the decoder will make
+// (RowChoice: the sampler's parameters and draw), by the plan's sampling kernel (on a
+// GPU only the summaries come back). The trunk's streams stay with the implementation:
+// they wait for the MTP layer, which runs position p from the trunk's streams at p and
+// the token after it.
 class SpeculativeTarget {
  public:
   virtual ~SpeculativeTarget() = default;
   virtual const ModelConfig& config() const = 0;
   virtual int64_t length() const = 0;  // trunk tokens run
-  // The trunk runs the prompt (a fresh sequence): the last row's logits.
-  virtual std::vector<float> prefill(std::span<const int32_t> prompt) = 0;
+  // The trunk runs the prompt (a fresh sequence): the last row, summarized for `choice`.
+  virtual RowSummary prefill(std::span<const int32_t> prompt, const RowChoice& choice) = 0;
   // The MTP layer runs every waiting position, row i with next_tokens[i] (as many as
-  // are waiting): the last row's logits. Then further drafts may follow.
-  virtual std::vector<float> draft(std::span<const int32_t> next_tokens) = 0;
+  // are waiting): the last row, summarized. Then further drafts may follow.
+  virtual RowSummary draft(std::span<const int32_t> next_tokens, const RowChoice& choice) = 0;
   // One more MTP position, from its own last output streams and `token`.
-  virtual std::vector<float> draft_more(int32_t token) = 0;
+  virtual RowSummary draft_more(int32_t token, const RowChoice& choice) = 0;
   // Undoes the draft_more positions since the last draft() (its state and last output).
   virtual void undo_drafts() = 0;
-  // The trunk runs `tokens` (1 .. kMaxDraftTokens + 1): every row's logits.
-  virtual std::vector<float> verify(std::span<const int32_t> tokens) = 0;
+  // The trunk runs `tokens` (1 .. kMaxDraftTokens + 1): row i summarized for choices[i]
+  // (one per token).
+  virtual std::vector<RowSummary> verify(std::span<const int32_t> tokens, std::span<const RowChoice> choices) = 0;
   // Keeps the first `keep` tokens of the last verify (the trunk is rewound to them); their
   // streams wait for the MTP layer.
   virtual void keep(int64_t keep) = 0;
@@ -56,11 +60,11 @@ class CpuSpeculativeTarget final : public SpeculativeTarget {
   explicit CpuSpeculativeTarget(const Model& model);
   const ModelConfig& config() const override { return model_.config(); }
   int64_t length() const override { return sequence_.length; }
-  std::vector<float> prefill(std::span<const int32_t> prompt) override;
-  std::vector<float> draft(std::span<const int32_t> next_tokens) override;
-  std::vector<float> draft_more(int32_t token) override;
+  RowSummary prefill(std::span<const int32_t> prompt, const RowChoice& choice) override;
+  RowSummary draft(std::span<const int32_t> next_tokens, const RowChoice& choice) override;
+  RowSummary draft_more(int32_t token, const RowChoice& choice) override;
   void undo_drafts() override;
-  std::vector<float> verify(std::span<const int32_t> tokens) override;
+  std::vector<RowSummary> verify(std::span<const int32_t> tokens, std::span<const RowChoice> choices) override;
   void keep(int64_t keep) override;
 
  private:

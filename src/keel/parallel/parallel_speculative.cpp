@@ -7,39 +7,40 @@ ParallelSpeculativeTarget::ParallelSpeculativeTarget(ExpertParallelModel& model)
 }
 
 template <typename Call>
-std::vector<float> ParallelSpeculativeTarget::all(const Call& call) {
-  std::vector<std::vector<float>> logits(ranks_.size());
-  model_.each_rank([&](int r) { logits[r] = call(*ranks_[r]); });
-  return std::move(logits.front());
+auto ParallelSpeculativeTarget::all(const Call& call) {
+  std::vector<decltype(call(*ranks_.front()))> results(ranks_.size());
+  model_.each_rank([&](int r) { results[r] = call(*ranks_[r]); });
+  return std::move(results.front());
 }
 
-std::vector<float> ParallelSpeculativeTarget::prefill(std::span<const int32_t> prompt) {
-  return all([&](SpeculativeTarget& t) { return t.prefill(prompt); });
+RowSummary ParallelSpeculativeTarget::prefill(std::span<const int32_t> prompt, const RowChoice& choice) {
+  return all([&](SpeculativeTarget& t) { return t.prefill(prompt, choice); });
 }
 
-std::vector<float> ParallelSpeculativeTarget::draft(std::span<const int32_t> next_tokens) {
-  return all([&](SpeculativeTarget& t) { return t.draft(next_tokens); });
+RowSummary ParallelSpeculativeTarget::draft(std::span<const int32_t> next_tokens, const RowChoice& choice) {
+  return all([&](SpeculativeTarget& t) { return t.draft(next_tokens, choice); });
 }
 
-std::vector<float> ParallelSpeculativeTarget::draft_more(int32_t token) {
-  return all([&](SpeculativeTarget& t) { return t.draft_more(token); });
+RowSummary ParallelSpeculativeTarget::draft_more(int32_t token, const RowChoice& choice) {
+  return all([&](SpeculativeTarget& t) { return t.draft_more(token, choice); });
 }
 
 void ParallelSpeculativeTarget::undo_drafts() {
   all([](SpeculativeTarget& t) {
     t.undo_drafts();
-    return std::vector<float>{};
+    return 0;
   });
 }
 
-std::vector<float> ParallelSpeculativeTarget::verify(std::span<const int32_t> tokens) {
-  return all([&](SpeculativeTarget& t) { return t.verify(tokens); });
+std::vector<RowSummary> ParallelSpeculativeTarget::verify(std::span<const int32_t> tokens,
+                                                          std::span<const RowChoice> choices) {
+  return all([&](SpeculativeTarget& t) { return t.verify(tokens, choices); });
 }
 
 void ParallelSpeculativeTarget::keep(int64_t keep) {
   all([&](SpeculativeTarget& t) {
     t.keep(keep);
-    return std::vector<float>{};
+    return 0;
   });
 }
 
