@@ -3,9 +3,14 @@
 // prefill, all compared with transformers' full-forward logits.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -180,6 +185,59 @@ TEST(Forward, RejectsBadInput) {
   const std::vector<int32_t> long_prompt(static_cast<size_t>(model->config().max_position_embeddings) + 1, 3);
   EXPECT_NE(KEEL_EXPECT_ERROR(model->forward(seq, long_prompt), ErrorCode::bad_input).find("max_position"),
             std::string::npos);
+}
+
+// Several sequences in one call: each chunk's logits (none, the last row or every row)
+// bit for bit those of the same chunk run alone on a twin of its sequence, over steps that mix prompt
+// chunks of every path (1 to 9 tokens) with decode rows, past the sliding window and
+// across window closings; chunks without head rows; then the bad calls, which change
+// no sequence.
+TEST(Forward, BatchedChunksGiveTheBitsOfSeparateCalls) {
+  const auto model = Model::load(fixture("tiny_quant"));
+  const int64_t V = model->config().vocab_size;
+  std::mt19937 rng(5);
+  const auto ids = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& id : t) id = static_cast<int32_t>(rng() % V);
+    return t;
+  };
+  constexpr int kSequences = 5;
+  std::vector<Sequence> batched(kSequences, model->new_sequence()), alone(kSequences, model->new_sequence());
+  const std::vector<std::vector<int64_t>> steps{{3, 9, 1, 5, 4}, {1, 1, 6, 1, 2}, {7, 1, 1, 1, 1}, {1, 8, 1, 3, 1}};
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& sizes : steps) {
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<Model::Chunk> chunks;
+      std::vector<int64_t> heads;
+      for (int i = 0; i < kSequences; ++i) {
+        tokens.push_back(ids(sizes[i]));
+        heads.push_back((i + round) % 3 == 0 ? 0 : (i % 2 ? 1 : sizes[i]));
+      }
+      for (int i = 0; i < kSequences; ++i) chunks.push_back({&batched[i], tokens[i]});
+      const auto got = model->forward(chunks, heads);
+      ASSERT_EQ(got.size(), static_cast<size_t>(kSequences));
+      for (int i = 0; i < kSequences; ++i) {
+        // Alone with the same head rows: the last one, or all (a head of several rows
+        // takes another path than a head of one).
+        const std::vector<float> rows =
+            model->forward(alone[i], tokens[i], heads[i] == sizes[i] ? LogitRows::all : LogitRows::last);
+        const std::vector<float> want = heads[i] ? rows : std::vector<float>{};
+        ASSERT_EQ(got[i].size(), want.size()) << "sequence " << i;
+        ASSERT_EQ(std::memcmp(got[i].data(), want.data(), want.size() * sizeof(float)), 0)
+            << "round " << round << ", sequence " << i << ", " << sizes[i] << " tokens";
+        ASSERT_EQ(batched[i].length, alone[i].length);
+      }
+    }
+  }
+  // A bad token in one chunk, or a sequence twice: an error, and no sequence changed.
+  const int64_t before = batched[0].length;
+  const std::vector<int32_t> good{1, 2}, bad{3, static_cast<int32_t>(V)};
+  const std::vector<Model::Chunk> with_bad{{&batched[0], good}, {&batched[1], bad}};
+  const std::vector<int64_t> ones{1, 1};
+  KEEL_EXPECT_ERROR(model->forward(with_bad, ones), ErrorCode::bad_input);
+  const std::vector<Model::Chunk> twice{{&batched[0], good}, {&batched[0], good}};
+  KEEL_EXPECT_ERROR(model->forward(twice, ones), ErrorCode::usage);
+  EXPECT_EQ(batched[0].length, before);
 }
 
 // The state grows with the tokens processed, by the amounts of dsv4-forward.md §7.1.

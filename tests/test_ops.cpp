@@ -72,6 +72,29 @@ TEST_P(LinearFormats, DecodeRowEqualsReferenceRow) {
   }
 }
 
+// Chunked rows (a batch of several sequences' tokens): every chunk bit for bit what a
+// call over its rows alone gives, whichever path its size takes (up to 4 tokens each as
+// a decode step, more through the decoded row in fours), next to chunks of other sizes.
+TEST_P(LinearFormats, ChunksGiveTheBitsOfSeparateCalls) {
+  const LinearCase& c = GetParam();
+  const int64_t out = 133, in = 256;
+  const OwnedWeight ow(random_normal(out * in, 5), out, in, c.format, c.dtype, c.scale_format);
+  const std::vector<int64_t> chunks{1, 5, 4, 9, 2, 1, 6};
+  const int64_t rows = std::accumulate(chunks.begin(), chunks.end(), int64_t{0});
+  const std::vector<float> x = random_normal(static_cast<size_t>(rows * in), 13);
+  std::vector<float> batched(rows * out, std::nanf("")), alone(rows * out, std::nanf(""));
+  linear(ow.weight(), ConstRows{x.data(), rows, in, chunks}, rows_of(std::span<float>(batched), out));
+  int64_t first = 0;
+  for (const int64_t n : chunks) {
+    linear(ow.weight(), ConstRows{x.data() + first * in, n, in}, Rows{alone.data() + first * out, n, out});
+    first += n;
+  }
+  EXPECT_EQ(std::memcmp(batched.data(), alone.data(), batched.size() * sizeof(float)), 0) << c.name;
+  const std::vector<int64_t> short_by_one{1, 5};
+  KEEL_EXPECT_ERROR(linear(ow.weight(), ConstRows{x.data(), 7, in, short_by_one}, Rows{batched.data(), 7, out}),
+                    ErrorCode::usage);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, LinearFormats,
     ::testing::Values(LinearCase{WeightFormat::f32, DType::f32, ScaleFormat::ue8m0, "f32"},

@@ -17,6 +17,20 @@ struct CpuSequence final : SequenceState {
   uint64_t bytes() const override { return sequence.state_bytes(); }
 };
 
+// Each chunk's last row of logits summarized for its choice (none: no summary).
+std::vector<std::optional<RowSummary>> summarize_choices(const std::vector<std::vector<float>>& logits,
+                                                         std::span<const std::optional<RowChoice>> choices) {
+  std::vector<std::optional<RowSummary>> out(choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (choices[i]) out[i] = summarize_for(logits[i], *choices[i]);
+  }
+  return out;
+}
+
+void check_choices(std::span<const SequenceChunk> batch, std::span<const std::optional<RowChoice>> choices) {
+  if (choices.size() != batch.size()) fail(ErrorCode::usage, {}, "forward_choices: one choice (or none) per chunk");
+}
+
 }  // namespace
 
 std::vector<std::vector<float>> Executor::forward_batch(std::span<const SequenceChunk> batch, LogitRows rows) const {
@@ -27,13 +41,8 @@ std::vector<std::vector<float>> Executor::forward_batch(std::span<const Sequence
 
 std::vector<std::optional<RowSummary>> Executor::forward_choices(std::span<const SequenceChunk> batch,
                                                                  std::span<const std::optional<RowChoice>> choices) const {
-  if (choices.size() != batch.size()) fail(ErrorCode::usage, {}, "forward_choices: one choice (or none) per chunk");
-  const std::vector<std::vector<float>> logits = forward_batch(batch, LogitRows::last);
-  std::vector<std::optional<RowSummary>> out(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (choices[i]) out[i] = summarize_for(logits[i], *choices[i]);
-  }
-  return out;
+  check_choices(batch, choices);
+  return summarize_choices(forward_batch(batch, LogitRows::last), choices);
 }
 
 std::unique_ptr<SpeculativeTarget> Executor::speculative_target() const {
@@ -53,6 +62,29 @@ std::unique_ptr<SequenceState> CpuExecutor::clone(const SequenceState& sequence)
 std::vector<float> CpuExecutor::forward(SequenceState& sequence, std::span<const int32_t> tokens,
                                        LogitRows rows) const {
   return model_.forward(static_cast<CpuSequence&>(sequence).sequence, tokens, rows);
+}
+
+std::vector<std::vector<float>> CpuExecutor::run(std::span<const SequenceChunk> batch,
+                                                 std::span<const int64_t> head_rows) const {
+  std::vector<Model::Chunk> chunks;
+  for (const SequenceChunk& c : batch) chunks.push_back({&static_cast<CpuSequence*>(c.sequence)->sequence, c.tokens});
+  return model_.forward(chunks, head_rows);
+}
+
+std::vector<std::vector<float>> CpuExecutor::forward_batch(std::span<const SequenceChunk> batch, LogitRows rows) const {
+  std::vector<int64_t> head_rows;
+  for (const SequenceChunk& c : batch) {
+    head_rows.push_back(rows == LogitRows::last ? 1 : static_cast<int64_t>(c.tokens.size()));
+  }
+  return run(batch, head_rows);
+}
+
+std::vector<std::optional<RowSummary>> CpuExecutor::forward_choices(std::span<const SequenceChunk> batch,
+                                                                    std::span<const std::optional<RowChoice>> choices) const {
+  check_choices(batch, choices);
+  std::vector<int64_t> head_rows;
+  for (const auto& choice : choices) head_rows.push_back(choice ? 1 : 0);
+  return summarize_choices(run(batch, head_rows), choices);
 }
 
 std::string CpuExecutor::device() const { return fmt::format("cpu ({} threads)", omp_get_max_threads()); }

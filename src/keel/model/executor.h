@@ -43,7 +43,7 @@ class Executor {
                                      LogitRows rows = LogitRows::all) const = 0;
   // Several sequences' chunks in one call (each sequence at most once); returns each
   // chunk's logits, the same as forward() on it alone. This one runs them one after
-  // another; the GPU executors run them as one batch, reading each weight once.
+  // another; the CPU and GPU executors run them as one batch, reading each weight once.
   virtual std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
                                                         LogitRows rows = LogitRows::all) const;
   // A batched forward for choosing tokens: each chunk's last row reduced to what
@@ -88,6 +88,11 @@ class CpuExecutor final : public Executor {
   std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override;
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
                              LogitRows rows) const override;
+  // Model's batched forward: every chunk's bits as alone, each weight read once a call.
+  std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch, LogitRows rows) const override;
+  // The same with a head row only for the chunks with a choice, summarized here.
+  std::vector<std::optional<RowSummary>> forward_choices(std::span<const SequenceChunk> batch,
+                                                         std::span<const std::optional<RowChoice>> choices) const override;
   const Plan& plan() const override { return model_.plan(); }
   std::string device() const override;
   std::unique_ptr<SpeculativeTarget> speculative_target() const override {
@@ -96,6 +101,7 @@ class CpuExecutor final : public Executor {
   double measure_bandwidth(uint64_t bytes) const override;
 
  private:
+  std::vector<std::vector<float>> run(std::span<const SequenceChunk> batch, std::span<const int64_t> head_rows) const;
   const Model& model_;
 };
 

@@ -1,6 +1,8 @@
-// Model::forward: dsv4-forward.md §3–§7 over a chunk of S new tokens. Matrix products
-// run over the whole chunk; attention runs per token against the sequence's state
-// plus the chunk's own keys, so a chunk of any size gives the logits of a full forward.
+// Model::forward: dsv4-forward.md §3–§7 over chunks of new tokens of one or several
+// sequences. Matrix products run over all rows of the call at once (each sequence's
+// chunk computed as it would be alone: ConstRows::chunks); attention runs per token
+// against its sequence's state plus its chunk's own keys, so a chunk of any size gives
+// the logits of a full forward, in a batch or alone.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -18,15 +20,52 @@ namespace {
 
 using Buffer = std::vector<float>;
 
+// One sequence's chunk in a forward call: `count` tokens from position `start`, rows
+// [row, row + count) of the call.
+struct Part {
+  int64_t start = 0, row = 0, count = 0;
+};
+
 // What every step of one forward call needs.
 struct Step {
   const ModelConfig& c;
   const LayerKernels& k;  // what the plan chose for this layer
   const Rope& rope;       // of the layer being run
-  int64_t start;     // position of the chunk's first token
-  int64_t count;     // S
-  std::span<const int32_t> tokens;
+  std::span<const Part> parts;
+  std::span<LayerState* const> states;  // per part: this layer's state of its sequence
+  std::span<const int32_t> tokens;      // every row's token
+  std::span<const int64_t> chunks;      // per part: its row count (linear's chunks)
+  std::span<const int32_t> part_of;     // per row
+  int64_t count = 0;                    // rows
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
+  int64_t position(int64_t row) const {
+    const Part& p = parts[part_of[row]];
+    return p.start + row - p.row;
+  }
+  // All rows, chunked by part.
+  ConstRows rows(const float* data, int64_t width) const { return {data, count, width, chunks}; }
+  ConstRows rows(const Buffer& data, int64_t width) const { return rows(data.data(), width); }
+};
+
+// The parts' layout, kept alive for the Steps that point into it.
+struct Batch {
+  std::vector<Part> parts;
+  std::vector<int64_t> chunks;
+  std::vector<int32_t> part_of;
+  std::vector<int32_t> tokens;
+  int64_t count = 0;
+
+  void add(int64_t start, std::span<const int32_t> chunk) {
+    const auto n = static_cast<int64_t>(chunk.size());
+    parts.push_back({start, count, n});
+    chunks.push_back(n);
+    part_of.insert(part_of.end(), static_cast<size_t>(n), static_cast<int32_t>(parts.size() - 1));
+    tokens.insert(tokens.end(), chunk.begin(), chunk.end());
+    count += n;
+  }
+  Step step(const ModelConfig& c, const LayerKernels& k, const Rope& rope, std::span<LayerState* const> states) const {
+    return {c, k, rope, parts, states, tokens, chunks, part_of, count};
+  }
 };
 
 Buffer project(LayerKernels::Linear* kernel, const Weight& w, ConstRows x) {
@@ -92,11 +131,17 @@ void append(const Step& s, const CompressorWeights& w, CompressorState& st, cons
   }
 }
 
-// With `journal`, the projections are kept there too (for Model::rewind's replay).
-void compress(const Step& s, const CompressorWeights& w, CompressorState& st, ConstRows x,
+// Every row's projections, then each part's into the compressor `which` of its state.
+// With `journal` (one part), the projections are kept there too (for Model::rewind's
+// replay).
+void compress(const Step& s, const CompressorWeights& w, CompressorState LayerState::*which, ConstRows x,
               CompressorJournal* journal) {
   Buffer kv = project(s, *w.wkv, x), gate = project(s, *w.wgate, x);
-  append(s, w, st, kv.data(), gate.data(), s.count);
+  const int width = w.width();
+  for (size_t i = 0; i < s.parts.size(); ++i) {
+    const Part& p = s.parts[i];
+    append(s, w, s.states[i]->*which, &kv[p.row * width], &gate[p.row * width], p.count);
+  }
   if (journal) *journal = {std::move(kv), std::move(gate)};
 }
 
@@ -112,7 +157,7 @@ Queries queries(const Step& s, const AttentionWeights& a, ConstRows x) {
   const ModelConfig& c = s.c;
   Queries r{project(s, *a.wq_a, x)};
   norm_rows(s, r.qr, c.q_lora_rank, a.q_norm);
-  r.q = project(s, *a.wq_b, rows_of(std::span<const float>(r.qr), c.q_lora_rank));
+  r.q = project(s, *a.wq_b, s.rows(r.qr, c.q_lora_rank));
   r.kv = project(s, *a.wkv, x);
   norm_rows(s, r.kv, c.head_dim, a.kv_norm);
   const int64_t heads = c.num_attention_heads, hd = c.head_dim;
@@ -120,9 +165,9 @@ Queries queries(const Step& s, const AttentionWeights& a, ConstRows x) {
     for (int64_t h = 0; h < heads; ++h) {
       std::span<float> head(&r.q[(t * heads + h) * hd], hd);
       rms_norm_unweighted(head, s.eps());
-      s.rope.apply(head, s.start + t);
+      s.rope.apply(head, s.position(t));
     }
-    s.rope.apply(std::span<float>(&r.kv[t * hd], hd), s.start + t);
+    s.rope.apply(std::span<float>(&r.kv[t * hd], hd), s.position(t));
   }
   return r;
 }
@@ -135,25 +180,28 @@ struct IndexQueries {
 
 IndexQueries index_queries(const Step& s, const IndexerWeights& w, const Buffer& qr, ConstRows x) {
   const ModelConfig& c = s.c;
-  IndexQueries r{project(s, *w.wq_b, rows_of(std::span<const float>(qr), c.q_lora_rank)),
-                 project(s, *w.weights_proj, x)};
+  IndexQueries r{project(s, *w.wq_b, s.rows(qr, c.q_lora_rank)), project(s, *w.weights_proj, x)};
   const int64_t stride = int64_t{c.index_n_heads} * c.index_head_dim;
   for (int64_t t = 0; t < s.count; ++t) {
-    s.rope.apply_heads(std::span<float>(&r.q[t * stride], stride), c.index_head_dim, s.start + t);
+    s.rope.apply_heads(std::span<float>(&r.q[t * stride], stride), c.index_head_dim, s.position(t));
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.index_n_heads));
   for (float& v : r.weights) v *= scale;
   return r;
 }
 
-// Keys of the token at `position`: its sliding window, then the compressed entries it sees.
-std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, const LayerState& st,
-                                  const Queries& qs, const IndexQueries* iq, int64_t position) {
+// Keys of row t's token: its sliding window (its chunk's own keys, then its sequence's
+// ring), then the compressed entries it sees.
+std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, const Queries& qs,
+                                  const IndexQueries* iq, int64_t t) {
   const ModelConfig& c = s.c;
   const int64_t hd = c.head_dim, sw = c.sliding_window;
+  const Part& part = s.parts[s.part_of[t]];
+  const LayerState& st = *s.states[s.part_of[t]];
+  const int64_t position = s.position(t);
   std::vector<const float*> keys;
   for (int64_t j = std::max<int64_t>(0, position - sw + 1); j <= position; ++j) {
-    keys.push_back(j >= s.start ? &qs.kv[(j - s.start) * hd] : &st.window[(j % sw) * hd]);
+    keys.push_back(j >= part.start ? &qs.kv[(part.row + j - part.start) * hd] : &st.window[(j % sw) * hd]);
   }
   if (!a.compressor) return keys;
   const int64_t visible = (position + 1) / a.compressor->ratio;
@@ -162,7 +210,6 @@ std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, cons
     for (int64_t w = 0; w < visible; ++w) keys.push_back(entries + w * hd);
     return keys;
   }
-  const int64_t t = position - s.start;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
   const auto picked = s.k.index(std::span(&iq->q[t * nI * dI], nI * dI), std::span(&iq->weights[t * nI], nI),
                                      c.index_n_heads, c.index_head_dim, st.indexer.entries, visible, c.index_topk);
@@ -170,62 +217,76 @@ std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, cons
   return keys;
 }
 
-void remember_window(const Step& s, LayerState& st, const Buffer& kv) {
+// Each part's newest keys into its sequence's ring.
+void remember_window(const Step& s, const Buffer& kv) {
   const int64_t hd = s.c.head_dim, sw = s.c.sliding_window;
-  for (int64_t p = std::max(s.start, s.start + s.count - sw); p < s.start + s.count; ++p) {
-    std::copy_n(&kv[(p - s.start) * hd], hd, &st.window[(p % sw) * hd]);
+  for (size_t i = 0; i < s.parts.size(); ++i) {
+    const Part& part = s.parts[i];
+    const int64_t end = part.start + part.count;
+    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
+      std::copy_n(&kv[(part.row + p - part.start) * hd], hd, &s.states[i]->window[(p % sw) * hd]);
+    }
   }
 }
 
-Buffer attention(const Step& s, const AttentionWeights& a, LayerState& st, ConstRows x, LayerJournal* journal) {
+Buffer attention(const Step& s, const AttentionWeights& a, ConstRows x, LayerJournal* journal) {
   const ModelConfig& c = s.c;
   const int64_t H = c.num_attention_heads, hd = c.head_dim;
   const Queries qs = queries(s, a, x);
-  if (a.compressor) compress(s, *a.compressor, st.compressor, x, journal ? &journal->compressor : nullptr);
+  if (a.compressor) compress(s, *a.compressor, &LayerState::compressor, x, journal ? &journal->compressor : nullptr);
   IndexQueries iq;
   if (a.indexer) {
-    compress(s, a.indexer->compressor, st.indexer, x, journal ? &journal->indexer : nullptr);
+    compress(s, a.indexer->compressor, &LayerState::indexer, x, journal ? &journal->indexer : nullptr);
     iq = index_queries(s, *a.indexer, qs.qr, x);
   }
-  if (st.window.empty()) st.window.resize(static_cast<size_t>(c.sliding_window * hd));
+  for (LayerState* st : s.states) {
+    if (st->window.empty()) st->window.resize(static_cast<size_t>(c.sliding_window * hd));
+  }
 
   Buffer o(static_cast<size_t>(s.count * H * hd));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel for schedule(dynamic, 1) if (s.count > 1)
   for (int64_t t = 0; t < s.count; ++t) {
-    const auto keys = key_set(s, a, st, qs, a.indexer ? &iq : nullptr, s.start + t);
+    const auto keys = key_set(s, a, qs, a.indexer ? &iq : nullptr, t);
     std::span<float> out(&o[t * H * hd], H * hd);
-    const auto attend = s.count == 1 ? s.k.attend_decode : s.k.attend_prefill;
+    // As the part's own call would: one token is a decode step.
+    const auto attend = s.parts[s.part_of[t]].count == 1 ? s.k.attend_decode : s.k.attend_prefill;
     attend(std::span(&qs.q[t * H * hd], H * hd), H, hd, keys, a.sinks, scale, out);
-    s.rope.apply_heads(out, hd, s.start + t, /*inverse=*/true);  // V carried K's rotation
+    s.rope.apply_heads(out, hd, s.position(t), /*inverse=*/true);  // V carried K's rotation
   }
-  remember_window(s, st, qs.kv);
+  remember_window(s, qs.kv);
 
   // Grouped output projection: group g's heads through rows [g·r, (g+1)·r) of wo_a.
   const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
   Buffer u(static_cast<size_t>(s.count * G * r));
   for (int64_t g = 0; g < G; ++g) {
-    s.k.linear_for(*a.wo_a)(*a.wo_a, ConstRows{o.data() + g * group_in, s.count, H * hd},
-                            Rows{u.data() + g * r, s.count, G * r}, RowRange{g * r, r});
+    s.k.linear_for(*a.wo_a)(*a.wo_a, s.rows(o.data() + g * group_in, H * hd), Rows{u.data() + g * r, s.count, G * r},
+                            RowRange{g * r, r});
   }
-  return project(s, *a.wo_b, rows_of(std::span<const float>(u), G * r));
+  return project(s, *a.wo_b, s.rows(u, G * r));
 }
 
 // --- MoE (§6) ----------------------------------------------------------------------------
 
 // acc.row(t) += weight_t · down(clamped_swiglu(gate(x_t), up(x_t))) for the rows `rows`;
 // routed experts through the plan's MoE kernel, the shared expert through its dense one.
+// `rows` ascend, so each part's rows are consecutive: chunked by part, as the part's own
+// call would run them.
 void run_expert(const Step& s, const ExpertWeights& e, bool routed, ConstRows x, const std::vector<int64_t>& rows,
                 const std::vector<float>& weights, Buffer& acc) {
   const int64_t D = s.c.hidden_size, I = s.c.moe_intermediate_size, n = static_cast<int64_t>(rows.size());
   Buffer xs(static_cast<size_t>(n * D));
-  for (int64_t i = 0; i < n; ++i) std::copy_n(x.row(rows[i]), D, &xs[i * D]);
-  const ConstRows in = rows_of(std::span<const float>(xs), D);
+  std::vector<int64_t> chunks;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(x.row(rows[i]), D, &xs[i * D]);
+    if (i == 0 || s.part_of[rows[i]] != s.part_of[rows[i - 1]]) chunks.push_back(0);
+    ++chunks.back();
+  }
   const auto kernel = [&](const Weight& w) { return routed ? s.k.expert_for(w) : s.k.linear_for(w); };
-  Buffer g = project(kernel(*e.w1), *e.w1, in);
-  const Buffer u = project(kernel(*e.w3), *e.w3, in);
+  Buffer g = project(kernel(*e.w1), *e.w1, ConstRows{xs.data(), n, D, chunks});
+  const Buffer u = project(kernel(*e.w3), *e.w3, ConstRows{xs.data(), n, D, chunks});
   clamped_swiglu(g, u, static_cast<float>(s.c.swiglu_limit));
-  const Buffer y = project(kernel(*e.w2), *e.w2, rows_of(std::span<const float>(g), I));
+  const Buffer y = project(kernel(*e.w2), *e.w2, ConstRows{g.data(), n, I, chunks});
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t d = 0; d < D; ++d) acc[rows[i] * D + d] += weights[i] * y[i * D + d];
   }
@@ -275,7 +336,7 @@ void hyper_block(const Step& s, const HyperParams& hp, const HyperSite& site, st
     hyper_collapse(hp, mixes[t].pre, token, xt);
     s.k.norm(xt, norm, s.eps(), xt);
   }
-  const Buffer y = sublayer(rows_of(std::span<const float>(x), D));
+  const Buffer y = sublayer(s.rows(x, D));
 #pragma omp parallel for if (s.count > 1)
   for (int64_t t = 0; t < s.count; ++t) {
     hyper_expand(hp, mixes[t], std::span(&y[t * D], D), std::span(&streams[t * width], width));
@@ -308,10 +369,11 @@ void check_tokens(const ModelConfig& c, int64_t length, std::span<const int32_t>
 
 namespace {
 
-// The logits of `n` rows of streams ([n, hc, D]) through a head (hc_head, norm, lm_head).
+// The logits of `n` rows of streams ([n, hc, D]) through a head (hc_head, norm, lm_head),
+// the rows in `chunks` (as ConstRows::chunks; empty: one).
 Buffer head_logits(const ModelConfig& c, const HyperParams& hp, const HyperHead& hc_head, std::span<const float> norm,
                    const LayerKernels& k, const LayerKernels& head_kernels, const Weight& head, const float* streams,
-                   int64_t n) {
+                   int64_t n, std::span<const int64_t> chunks = {}) {
   const int64_t D = c.hidden_size, width = hp.hc * D;
   Buffer h(static_cast<size_t>(n * D));
   for (int64_t t = 0; t < n; ++t) {
@@ -320,15 +382,14 @@ Buffer head_logits(const ModelConfig& c, const HyperParams& hp, const HyperHead&
     k.norm(ht, norm, static_cast<float>(c.rms_norm_eps), ht);
   }
   Buffer logits(static_cast<size_t>(n * c.vocab_size));
-  head_kernels.linear_for(head)(head, rows_of(std::span<const float>(h), D),
-                                rows_of(std::span<float>(logits), c.vocab_size), {});
+  head_kernels.linear_for(head)(head, ConstRows{h.data(), n, D, chunks}, rows_of(std::span<float>(logits), c.vocab_size),
+                                {});
   return logits;
 }
 
-// One decoder layer over the chunk's streams.
-void run_layer(const Step& s, const HyperParams& hp, const LayerWeights& L, LayerState& st, Buffer& streams,
-               LayerJournal* journal) {
-  hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, st, x, journal); });
+// One decoder layer over the call's streams.
+void run_layer(const Step& s, const HyperParams& hp, const LayerWeights& L, Buffer& streams, LayerJournal* journal) {
+  hyper_block(s, hp, L.hc_attn, L.attn_norm, streams, [&](ConstRows x) { return attention(s, L.attn, x, journal); });
   hyper_block(s, hp, L.hc_ffn, L.ffn_norm, streams, [&](ConstRows x) { return moe(s, L.ffn, x); });
 }
 
@@ -336,32 +397,79 @@ void run_layer(const Step& s, const HyperParams& hp, const LayerWeights& L, Laye
 
 std::vector<float> Model::forward(Sequence& seq, std::span<const int32_t> tokens, LogitRows which,
                                   const ForwardExtras& extras) const {
+  const Chunk chunk{&seq, tokens};
+  const int64_t rows = which == LogitRows::last ? 1 : static_cast<int64_t>(tokens.size());
+  return std::move(run(std::span(&chunk, 1), std::span(&rows, 1), extras).front());
+}
+
+std::vector<std::vector<float>> Model::forward(std::span<const Chunk> batch, std::span<const int64_t> head_rows) const {
+  return run(batch, head_rows, {});
+}
+
+std::vector<std::vector<float>> Model::run(std::span<const Chunk> batch, std::span<const int64_t> head_rows,
+                                           const ForwardExtras& extras) const {
   const ModelConfig& c = config_;
-  check_tokens(c, seq.length, tokens);
+  if (head_rows.size() != batch.size()) fail(ErrorCode::usage, {}, "a batched forward needs head rows per chunk");
+  if (batch.size() != 1 && (extras.streams || extras.journal)) {
+    fail(ErrorCode::usage, {}, "streams and journals are for one sequence's forward");
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {  // everything checked before any state changes
+    check_tokens(c, batch[i].sequence->length, batch[i].tokens);
+    if (head_rows[i] < 0 || head_rows[i] > static_cast<int64_t>(batch[i].tokens.size())) {
+      fail(ErrorCode::usage, {}, "head rows outside the chunk");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (batch[j].sequence == batch[i].sequence) fail(ErrorCode::usage, {}, "a sequence twice in one batched forward");
+    }
+  }
   top_kernels_.check(Arch::cpu);
-  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size;
+  Batch b;
+  for (const Chunk& chunk : batch) b.add(chunk.sequence->length, chunk.tokens);
+  const int64_t S = b.count, D = c.hidden_size;
   const HyperParams hp = hyper_params(c);
   const int64_t width = hp.hc * D;
 
   Buffer streams(static_cast<size_t>(S * width));  // [S, hc, D]: the embedding in every stream
   for (int64_t t = 0; t < S; ++t) {
-    top_kernels_.embedding(*tensors_.embed, tokens[t], std::span(&streams[t * width], D));
+    top_kernels_.embedding(*tensors_.embed, b.tokens[t], std::span(&streams[t * width], D));
     for (int j = 1; j < hp.hc; ++j) std::copy_n(&streams[t * width], D, &streams[t * width + j * D]);
   }
   if (extras.journal) extras.journal->assign(static_cast<size_t>(c.num_hidden_layers), {});
+  std::vector<LayerState*> states(batch.size());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerKernels& k = layer_kernels_[l];
     k.check(Arch::cpu);
     const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, k, rope, seq.length, S, tokens};
-    run_layer(s, hp, tensors_.layers[l], seq.layers[l], streams, extras.journal ? &(*extras.journal)[l] : nullptr);
+    for (size_t i = 0; i < batch.size(); ++i) states[i] = &batch[i].sequence->layers[l];
+    run_layer(b.step(c, k, rope, states), hp, tensors_.layers[l], streams,
+              extras.journal ? &(*extras.journal)[l] : nullptr);
   }
-  seq.length += S;
-
-  const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
+  for (const Chunk& chunk : batch) chunk.sequence->length += static_cast<int64_t>(chunk.tokens.size());
   if (extras.streams) extras.streams->assign(streams.begin(), streams.end());
-  return head_logits(c, hp, tensors_.hc_head, tensors_.norm, top_kernels_, top_kernels_, *tensors_.head,
-                     &streams[first * width], n);
+
+  // The head over each chunk's last head_rows rows, all at once, chunked by chunk.
+  Buffer rows;
+  std::vector<int64_t> chunks;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (head_rows[i] == 0) continue;
+    const Part& p = b.parts[i];
+    rows.insert(rows.end(), streams.begin() + (p.row + p.count - head_rows[i]) * width,
+                streams.begin() + (p.row + p.count) * width);
+    chunks.push_back(head_rows[i]);
+  }
+  int64_t n = 0;
+  for (const int64_t rows_i : chunks) n += rows_i;
+  const Buffer logits = n ? head_logits(c, hp, tensors_.hc_head, tensors_.norm, top_kernels_, top_kernels_,
+                                        *tensors_.head, rows.data(), n, chunks)
+                          : Buffer{};
+  std::vector<std::vector<float>> out;
+  int64_t at = 0;
+  const int64_t V = c.vocab_size;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    out.emplace_back(logits.begin() + at * V, logits.begin() + (at + head_rows[i]) * V);
+    at += head_rows[i];
+  }
+  return out;
 }
 
 std::vector<float> Model::draft(Sequence& seq, std::span<const float> trunk_streams,
@@ -402,8 +510,10 @@ std::vector<float> Model::draft(Sequence& seq, std::span<const float> trunk_stre
   }
   const int layer = c.num_hidden_layers;
   const Rope& rope = c.attention[layer] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-  const Step s{c, k, rope, seq.draft_length, S, next_tokens};
-  run_layer(s, hp, m.block, seq.draft.front(), y, nullptr);
+  Batch b;
+  b.add(seq.draft_length, next_tokens);
+  LayerState* state = &seq.draft.front();
+  run_layer(b.step(c, k, rope, std::span(&state, 1)), hp, m.block, y, nullptr);
   seq.draft_length += S;
 
   const int64_t first = which == LogitRows::last ? S - 1 : 0, n = S - first;
@@ -424,7 +534,7 @@ void Model::rewind(Sequence& seq, const SequenceMark& mark, const ForwardJournal
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const AttentionWeights& a = tensors_.layers[l].attn;
     const Rope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, layer_kernels_[l], rope, mark.length, keep, {}};
+    const Step s{c, layer_kernels_[l], rope};  // appending needs no rows
     LayerState& st = seq.layers[l];
     if (a.compressor) append(s, *a.compressor, st.compressor, journal[l].compressor.kv.data(), journal[l].compressor.gate.data(), keep);
     if (a.indexer) {

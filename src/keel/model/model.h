@@ -75,6 +75,17 @@ class Model {
   std::vector<float> forward(Sequence& sequence, std::span<const int32_t> tokens,
                              LogitRows rows = LogitRows::all, const ForwardExtras& extras = {}) const;
 
+  // Several sequences' tokens in one call (each sequence at most once), for batched
+  // serving: the matrix products run over all rows at once, so each weight is read once
+  // per call, and every chunk's results are bit for bit those of forward() on it alone.
+  // Returns the logits of the last head_rows[i] rows of chunk i (0: none), chunk by
+  // chunk. Bad input as forward(), every chunk checked before any sequence changes.
+  struct Chunk {
+    Sequence* sequence = nullptr;
+    std::span<const int32_t> tokens;
+  };
+  std::vector<std::vector<float>> forward(std::span<const Chunk> batch, std::span<const int64_t> head_rows) const;
+
   // --- The MTP layer (dsv4-forward.md §8), for speculative decoding ---
   bool has_draft() const { return !tensors_.mtp.empty(); }
   // Runs the MTP layer at positions draft_length .. + n - 1: row i takes the trunk's
@@ -108,6 +119,8 @@ class Model {
 
  private:
   Model() = default;
+  std::vector<std::vector<float>> run(std::span<const Chunk> batch, std::span<const int64_t> head_rows,
+                                      const ForwardExtras& extras) const;
 
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;

@@ -322,24 +322,34 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range) {
   range = resolve(w, range, x, y);
   const RowReader reader{w, in_features(w)};
   const int64_t in = reader.in;
+  const int64_t whole = x.count;
+  const std::span<const int64_t> chunks = x.chunks.empty() ? std::span<const int64_t>(&whole, 1) : x.chunks;
+  int64_t total = 0;
+  for (const int64_t n : chunks) total += n;
+  if (total != x.count) fail(ErrorCode::usage, {.tensor = w.spec->name}, "linear: the chunks do not add up to the rows");
   const bool parallel = range.count * in * x.count >= kParallelWork;
 #pragma omp parallel if (parallel)
   {
     std::vector<float> buffer(static_cast<size_t>(in));
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < range.count; ++o) {
-      if (x.count <= kTokensAsDecode) {  // decode and verification: each token as a decode step
-        for (int64_t t = 0; t < x.count; ++t) y.row(t)[o] = reader.dot(range.begin + o, x.row(t), buffer.data());
-        continue;
+      const float* row = nullptr;  // decoded once, for the chunks that take the f32 row
+      int64_t first = 0;
+      for (const int64_t n : chunks) {
+        if (n <= kTokensAsDecode) {  // decode and verification: each token as a decode step
+          for (int64_t t = first; t < first + n; ++t) y.row(t)[o] = reader.dot(range.begin + o, x.row(t), buffer.data());
+        } else {
+          if (!row) row = reader.decode(range.begin + o, buffer.data());
+          int64_t t = first;
+          for (; t + 4 <= first + n; t += 4) {
+            float out[4];
+            dot4(row, x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3), in, out);
+            for (int i = 0; i < 4; ++i) y.row(t + i)[o] = out[i];
+          }
+          for (; t < first + n; ++t) y.row(t)[o] = dot(row, x.row(t), in);
+        }
+        first += n;
       }
-      const float* row = reader.decode(range.begin + o, buffer.data());
-      int64_t t = 0;
-      for (; t + 4 <= x.count; t += 4) {
-        float out[4];
-        dot4(row, x.row(t), x.row(t + 1), x.row(t + 2), x.row(t + 3), in, out);
-        for (int i = 0; i < 4; ++i) y.row(t + i)[o] = out[i];
-      }
-      for (; t < x.count; ++t) y.row(t)[o] = dot(row, x.row(t), in);
     }
   }
 }

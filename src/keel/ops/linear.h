@@ -11,11 +11,15 @@
 
 namespace keel {
 
-// `count` rows of `cols` floats, row i at data + i * stride.
+// `count` rows of `cols` floats, row i at data + i * stride. `chunks`, when given, splits
+// the rows into consecutive chunks of those sizes (summing to count): a batch of several
+// sequences' tokens, each chunk computed exactly as a call with its rows alone would
+// compute them (linear's token-count-dependent paths), so batching changes no bits.
 struct ConstRows {
   const float* data = nullptr;
   int64_t count = 0;
   int64_t stride = 0;
+  std::span<const int64_t> chunks = {};
   const float* row(int64_t i) const { return data + i * stride; }
 };
 struct Rows {
@@ -44,7 +48,8 @@ struct RowRange {
 // Decodes row `row` of `w` (its logical [out, in] matrix) into `out` (in floats).
 void decode_row(const Weight& w, int64_t row, std::span<float> out);
 
-// y.row(t)[o] = Σ_i x.row(t)[i] · W[range.begin + o, i] for every t < x.count.
+// y.row(t)[o] = Σ_i x.row(t)[i] · W[range.begin + o, i] for every t < x.count, x's
+// chunks (if any) each as a call of its own would give them, with the weight read once.
 // Parallel over output rows (OpenMP); call it from one thread.
 void linear(const Weight& w, ConstRows x, Rows y, RowRange range = {});
 
