@@ -88,15 +88,20 @@ inline Acc with_tail(Acc part, float tail) { return part + tail; }
 inline float reduce(Acc a) { return a; }
 #endif
 
+// The values from k to n that the 8-lane loop leaves, in one scalar sum.
+float tail_e4m3(const uint8_t* v, const float* x, int64_t k, int64_t n) {
+  float tail = 0.0f;
+  for (; k < n; ++k) tail += e4m3_value(v[k]) * x[k];
+  return tail;
+}
+
 Acc dot_e4m3(const uint8_t* v, const float* x, int64_t n) {
   int64_t k = 0;
   Acc acc = zero_acc();
 #if defined(__AVX2__) && defined(__FMA__)
   for (; k + kLanes <= n; k += kLanes) acc = _mm256_fmadd_ps(e4m3x8(v + k), _mm256_loadu_ps(x + k), acc);
 #endif
-  float tail = 0.0f;
-  for (; k < n; ++k) tail += e4m3_value(v[k]) * x[k];
-  return with_tail(acc, tail);
+  return with_tail(acc, tail_e4m3(v, x, k, n));
 }
 
 void decode_e4m3(const uint8_t* v, int64_t n, float scale, float* out) {
@@ -107,6 +112,13 @@ void decode_e4m3(const uint8_t* v, int64_t n, float scale, float* out) {
   for (; k < n; ++k) out[k] = e4m3_value(v[k]) * scale;
 }
 
+float tail_e2m1(const uint8_t* packed, const float* x, int64_t k, int64_t n) {
+  const auto& pairs = e2m1_pairs();
+  float tail = 0.0f;
+  for (; k < n; k += 2) tail += pairs[packed[k / 2]][0] * x[k] + pairs[packed[k / 2]][1] * x[k + 1];
+  return tail;
+}
+
 // n even; `packed` holds n / 2 bytes.
 Acc dot_e2m1(const uint8_t* packed, const float* x, int64_t n) {
   int64_t k = 0;
@@ -114,10 +126,7 @@ Acc dot_e2m1(const uint8_t* packed, const float* x, int64_t n) {
 #if defined(__AVX2__) && defined(__FMA__)
   for (; k + kLanes <= n; k += kLanes) acc = _mm256_fmadd_ps(e2m1x8(packed + k / 2), _mm256_loadu_ps(x + k), acc);
 #endif
-  const auto& pairs = e2m1_pairs();
-  float tail = 0.0f;
-  for (; k < n; k += 2) tail += pairs[packed[k / 2]][0] * x[k] + pairs[packed[k / 2]][1] * x[k + 1];
-  return with_tail(acc, tail);
+  return with_tail(acc, tail_e2m1(packed, x, k, n));
 }
 
 void decode_e2m1(const uint8_t* packed, int64_t n, float scale, float* out) {
@@ -133,6 +142,26 @@ void decode_e2m1(const uint8_t* packed, int64_t n, float scale, float* out) {
     out[k + 1] = pairs[packed[k / 2]][1] * scale;
   }
 }
+
+// dot_e4m3 and dot_e2m1 for several tokens at once: parts[t] is, bit for bit, what the
+// one-token form gives for xs[t] + k0 (the same FMAs in the same order, the same tail),
+// while each stored value is decoded once for all of them.
+constexpr int kManyTokens = 8;
+
+#if defined(__AVX2__) && defined(__FMA__)
+template <typename Decode8, typename Tail>
+void block_dots(const Decode8& decode8, const Tail& tail, const float* const* xs, int tokens, int64_t k0, int64_t n,
+              Acc* parts) {
+  int64_t k = 0;
+  Acc acc[kManyTokens];
+  for (int t = 0; t < tokens; ++t) acc[t] = zero_acc();
+  for (; k + kLanes <= n; k += kLanes) {
+    const __m256 w = decode8(k);
+    for (int t = 0; t < tokens; ++t) acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + k0 + k), acc[t]);
+  }
+  for (int t = 0; t < tokens; ++t) parts[t] = with_tail(acc[t], tail(xs[t] + k0, k, n));
+}
+#endif
 
 const std::array<float, 256>& ue8m0_table() {
   static const auto table = [] {
@@ -217,6 +246,46 @@ struct RowReader {
 #pragma omp simd reduction(+ : sum)
     for (int64_t k = 0; k < in; ++k) sum += v[k] * x[k];
     return sum;
+  }
+
+  // dot() for `tokens` (up to kManyTokens) rows of x at once, each out[t] bit for bit
+  // dot()'s: the FP8 and FP4 codes are decoded once per 8 values for all of them.
+  void dot_many(int64_t row, const float* const* xs, int tokens, float* out, float* buffer) const {
+#if defined(__AVX2__) && defined(__FMA__)
+    Acc totals[kManyTokens], parts[kManyTokens];
+    for (int t = 0; t < tokens; ++t) totals[t] = zero_acc();
+    const auto fold = [&](float scale) {
+      for (int t = 0; t < tokens; ++t) add_scaled(totals[t], parts[t], scale);
+    };
+    switch (storage()) {
+      case Storage::e4m3: {
+        const uint8_t* v = w.data.as<uint8_t>() + row * in;
+        for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
+          const uint8_t* b = v + k0;
+          block_dots([&](int64_t k) { return e4m3x8(b + k); },
+                   [&](const float* x, int64_t k, int64_t n) { return tail_e4m3(b, x, k, n); }, xs, tokens, k0,
+                   k1 - k0, parts);
+          fold(scale);
+        });
+        for (int t = 0; t < tokens; ++t) out[t] = reduce(totals[t]);
+        return;
+      }
+      case Storage::e2m1: {
+        const uint8_t* v = w.data.as<uint8_t>() + row * in / 2;
+        for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
+          const uint8_t* b = v + k0 / 2;
+          block_dots([&](int64_t k) { return e2m1x8(b + k / 2); },
+                   [&](const float* x, int64_t k, int64_t n) { return tail_e2m1(b, x, k, n); }, xs, tokens, k0,
+                   k1 - k0, parts);
+          fold(scale);
+        });
+        for (int t = 0; t < tokens; ++t) out[t] = reduce(totals[t]);
+        return;
+      }
+      default: break;
+    }
+#endif
+    for (int t = 0; t < tokens; ++t) out[t] = dot(row, xs[t], buffer);
   }
 
   // The row as f32: a pointer into the checkpoint for f32 weights, else `buffer`.
@@ -334,10 +403,23 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range) {
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < range.count; ++o) {
       const float* row = nullptr;  // decoded once, for the chunks that take the f32 row
+      // The tokens of the chunks that run as decode steps, kManyTokens at a time.
+      const float* xs[kManyTokens];
+      int64_t ts[kManyTokens];
+      int pending = 0;
+      const auto flush = [&] {
+        float out[kManyTokens];
+        reader.dot_many(range.begin + o, xs, pending, out, buffer.data());
+        for (int i = 0; i < pending; ++i) y.row(ts[i])[o] = out[i];
+        pending = 0;
+      };
       int64_t first = 0;
       for (const int64_t n : chunks) {
         if (n <= kTokensAsDecode) {  // decode and verification: each token as a decode step
-          for (int64_t t = first; t < first + n; ++t) y.row(t)[o] = reader.dot(range.begin + o, x.row(t), buffer.data());
+          for (int64_t t = first; t < first + n; ++t) {
+            xs[pending] = x.row(t), ts[pending] = t;
+            if (++pending == kManyTokens) flush();
+          }
         } else {
           if (!row) row = reader.decode(range.begin + o, buffer.data());
           int64_t t = first;
@@ -350,6 +432,7 @@ void linear(const Weight& w, ConstRows x, Rows y, RowRange range) {
         }
         first += n;
       }
+      if (pending) flush();
     }
   }
 }
