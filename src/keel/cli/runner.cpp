@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "plan/expert_split.h"
 #if KEEL_HAVE_CUDA
 #include "cuda/device.h"
 #include "cuda/gpu_model.h"

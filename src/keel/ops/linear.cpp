@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -149,19 +150,27 @@ void decode_e2m1(const uint8_t* packed, int64_t n, float scale, float* out) {
 constexpr int kManyTokens = 8;
 
 #if defined(__AVX2__) && defined(__FMA__)
-template <typename Decode8, typename Tail>
-void block_dots(const Decode8& decode8, const Tail& tail, const float* const* xs, int tokens, int64_t k0, int64_t n,
-              Acc* parts) {
+// N tokens, a compile-time count so that the accumulators stay in registers.
+template <int N, typename Decode8, typename Tail>
+void block_dots(const Decode8& decode8, const Tail& tail, const float* const* xs, int64_t k0, int64_t n, Acc* parts) {
   int64_t k = 0;
-  Acc acc[kManyTokens];
-  for (int t = 0; t < tokens; ++t) acc[t] = zero_acc();
+  Acc acc[N];
+  for (int t = 0; t < N; ++t) acc[t] = zero_acc();
   for (; k + kLanes <= n; k += kLanes) {
     const __m256 w = decode8(k);
-    for (int t = 0; t < tokens; ++t) acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + k0 + k), acc[t]);
+    for (int t = 0; t < N; ++t) acc[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xs[t] + k0 + k), acc[t]);
   }
-  for (int t = 0; t < tokens; ++t) parts[t] = with_tail(acc[t], tail(xs[t] + k0, k, n));
+  for (int t = 0; t < N; ++t) parts[t] = with_tail(acc[t], tail(xs[t] + k0, k, n));
 }
 #endif
+
+// Calls f(std::integral_constant<int, n>{}) for n in 1 .. kManyTokens.
+template <typename F>
+void with_count(int n, F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((n == I + 1 ? f(std::integral_constant<int, I + 1>{}) : void()), ...);
+  }(std::make_integer_sequence<int, kManyTokens>{});
+}
 
 const std::array<float, 256>& ue8m0_table() {
   static const auto table = [] {
@@ -252,41 +261,45 @@ struct RowReader {
   // dot()'s: the FP8 and FP4 codes are decoded once per 8 values for all of them.
   void dot_many(int64_t row, const float* const* xs, int tokens, float* out, float* buffer) const {
 #if defined(__AVX2__) && defined(__FMA__)
-    Acc totals[kManyTokens], parts[kManyTokens];
-    for (int t = 0; t < tokens; ++t) totals[t] = zero_acc();
-    const auto fold = [&](float scale) {
-      for (int t = 0; t < tokens; ++t) add_scaled(totals[t], parts[t], scale);
-    };
-    switch (storage()) {
-      case Storage::e4m3: {
-        const uint8_t* v = w.data.as<uint8_t>() + row * in;
-        for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
-          const uint8_t* b = v + k0;
-          block_dots([&](int64_t k) { return e4m3x8(b + k); },
-                   [&](const float* x, int64_t k, int64_t n) { return tail_e4m3(b, x, k, n); }, xs, tokens, k0,
-                   k1 - k0, parts);
-          fold(scale);
-        });
-        for (int t = 0; t < tokens; ++t) out[t] = reduce(totals[t]);
-        return;
-      }
-      case Storage::e2m1: {
-        const uint8_t* v = w.data.as<uint8_t>() + row * in / 2;
-        for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
-          const uint8_t* b = v + k0 / 2;
-          block_dots([&](int64_t k) { return e2m1x8(b + k / 2); },
-                   [&](const float* x, int64_t k, int64_t n) { return tail_e2m1(b, x, k, n); }, xs, tokens, k0,
-                   k1 - k0, parts);
-          fold(scale);
-        });
-        for (int t = 0; t < tokens; ++t) out[t] = reduce(totals[t]);
-        return;
-      }
-      default: break;
+    const Storage kind = storage();
+    if (kind == Storage::e4m3 || kind == Storage::e2m1) {
+      with_count(tokens, [&](auto count) { dot_fixed<decltype(count)::value>(row, xs, out); });
+      return;
     }
 #endif
     for (int t = 0; t < tokens; ++t) out[t] = dot(row, xs[t], buffer);
   }
+
+#if defined(__AVX2__) && defined(__FMA__)
+  template <int N>
+  void dot_fixed(int64_t row, const float* const* xs, float* out) const {
+    Acc totals[N], parts[N];
+    for (int t = 0; t < N; ++t) totals[t] = zero_acc();
+    const auto fold = [&](float scale) {
+      for (int t = 0; t < N; ++t) add_scaled(totals[t], parts[t], scale);
+    };
+    if (storage() == Storage::e4m3) {
+      const uint8_t* v = w.data.as<uint8_t>() + row * in;
+      for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
+        const uint8_t* b = v + k0;
+        block_dots<N>([&](int64_t k) { return e4m3x8(b + k); },
+                      [&](const float* x, int64_t k, int64_t n) { return tail_e4m3(b, x, k, n); }, xs, k0, k1 - k0,
+                      parts);
+        fold(scale);
+      });
+    } else {
+      const uint8_t* v = w.data.as<uint8_t>() + row * in / 2;
+      for_blocks(row, [&](int64_t k0, int64_t k1, float scale) {
+        const uint8_t* b = v + k0 / 2;
+        block_dots<N>([&](int64_t k) { return e2m1x8(b + k / 2); },
+                      [&](const float* x, int64_t k, int64_t n) { return tail_e2m1(b, x, k, n); }, xs, k0, k1 - k0,
+                      parts);
+        fold(scale);
+      });
+    }
+    for (int t = 0; t < N; ++t) out[t] = reduce(totals[t]);
+  }
+#endif
 
   // The row as f32: a pointer into the checkpoint for f32 weights, else `buffer`.
   const float* decode(int64_t row, float* out) const {
