@@ -114,8 +114,9 @@ void decode_e4m3(const uint8_t* v, int64_t n, float scale, float* out) {
 }
 
 float tail_e2m1(const uint8_t* packed, const float* x, int64_t k, int64_t n) {
-  const auto& pairs = e2m1_pairs();
   float tail = 0.0f;
+  if (k == n) return tail;  // whole blocks of 8 (every FP4 block): no table lookup
+  const auto& pairs = e2m1_pairs();
   for (; k < n; k += 2) tail += pairs[packed[k / 2]][0] * x[k] + pairs[packed[k / 2]][1] * x[k + 1];
   return tail;
 }
