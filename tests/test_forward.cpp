@@ -3,9 +3,6 @@
 // prefill, all compared with transformers' full-forward logits.
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <random>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -252,19 +249,42 @@ TEST(Forward, StateGrowsWithTokensNotContext) {
   EXPECT_EQ(csa.compressor.count, 45 / 4);
   EXPECT_EQ(csa.indexer.count, 45 / 4);
   EXPECT_EQ(csa.compressor.pending, 45 % 4);
-  EXPECT_EQ(csa.compressor.carry_kv.size(), size_t(4 * c.head_dim));
-  EXPECT_EQ(csa.indexer.carry_kv.size(), size_t(4 * c.index_head_dim));
+  EXPECT_EQ(csa.compressor.carry_kv.size(), 4);
+  EXPECT_EQ(csa.compressor.carry_kv.width(), c.head_dim);
+  EXPECT_EQ(csa.indexer.carry_kv.size(), 4);
+  EXPECT_EQ(csa.indexer.carry_kv.width(), c.index_head_dim);
   EXPECT_EQ(hca.compressor.count, 45 / 8);
   EXPECT_EQ(hca.compressor.pending, 45 % 8);
   EXPECT_TRUE(hca.compressor.carry_kv.empty());
   EXPECT_TRUE(hca.indexer.entries.empty());
-  EXPECT_EQ(seq.layers[0].window.size(), size_t(c.sliding_window * c.head_dim));
+  EXPECT_EQ(seq.layers[0].window.size(), c.sliding_window);
   EXPECT_LT(seq.state_bytes(), uint64_t(64) << 10);  // nothing sized by max_position (256)
+}
+
+// Bytes of the rows a sequence's arrays hold (not the blocks around them), and how many
+// arrays hold any.
+std::pair<uint64_t, int> row_bytes(const Sequence& s) {
+  uint64_t bytes = 0;
+  int arrays = 0;
+  for (const auto* group : {&s.layers, &s.draft}) {
+    for (const LayerState& l : *group) {
+      std::vector<const PagedRows*> all{&l.window};
+      for (const CompressorState* c : {&l.compressor, &l.indexer}) {
+        for (const PagedRows* r : {&c->entries, &c->pending_kv, &c->pending_gate, &c->carry_kv, &c->carry_gate}) all.push_back(r);
+      }
+      for (const PagedRows* r : all) {
+        bytes += static_cast<uint64_t>(r->size() * r->width()) * sizeof(float);
+        arrays += !r->empty();
+      }
+    }
+  }
+  return {bytes, arrays};
 }
 
 // The state a token adds is what Model::state_bytes_per_token says (between lengths that
 // leave no window open, so only entries and indexer keys differ), and what a sequence
-// holds besides stays within state_bytes_per_sequence.
+// holds besides stays within state_bytes_per_sequence; the blocks around the rows add
+// less than one block per array.
 TEST(Forward, StateBytesPerTokenMatchTheGrowth) {
   const auto model = Model::load(fixture("tiny"));
   const int64_t V = model->config().vocab_size;
@@ -272,12 +292,56 @@ TEST(Forward, StateBytesPerTokenMatchTheGrowth) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % V);
   Sequence seq = model->new_sequence();
   model->forward(seq, std::span(ids).subspan(0, 64));  // a multiple of both ratios (4, 8)
-  const uint64_t at64 = seq.state_bytes();
+  const uint64_t at64 = row_bytes(seq).first;
   model->forward(seq, std::span(ids).subspan(64, 64));
-  const uint64_t at128 = seq.state_bytes();
+  const auto [at128, arrays] = row_bytes(seq);
   EXPECT_EQ(static_cast<double>(at128 - at64), 64 * model->state_bytes_per_token());
   EXPECT_GT(model->state_bytes_per_token(), 0);
   EXPECT_LE(static_cast<double>(at128), model->state_bytes_per_sequence() + 128 * model->state_bytes_per_token());
+  EXPECT_GE(seq.state_bytes(), at128);
+  EXPECT_LT(seq.state_bytes(), at128 + arrays * model->state_block_floats() * sizeof(float));
+}
+
+// A copy of a sequence shares its blocks: copying takes none, and each side's writes go
+// to blocks of its own, so both continue exactly (the same bits) as a sequence that ran
+// the same chunks alone. Every forward takes at most Model::blocks_needed blocks from the pool, with
+// and without a copy sharing them.
+TEST(Forward, CopiesShareStateBlocksUntilWritten) {
+  const auto model = Model::load(fixture("tiny"));
+  const int64_t V = model->config().vocab_size;
+  std::vector<int32_t> ids(80);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 53 + 11) % V);
+  auto pool = std::make_shared<HostBlockPool>(model->state_block_floats());
+  const auto run = [&](Sequence& s, int64_t from, int64_t n) {
+    const int64_t bound = model->blocks_needed(s, n), before = pool->used();
+    auto logits = model->forward(s, std::span(ids).subspan(from, n));
+    EXPECT_LE(pool->used() - before, bound) << n << " tokens from " << from;
+    return logits;
+  };
+  const std::vector<std::pair<int64_t, int64_t>> prefix{{0, 1}, {1, 13}, {14, 30}, {44, 1}},  // 45 tokens
+      rest{{45, 1}, {46, 3}, {49, 31}};
+  Sequence a = model->new_sequence(pool), alone = model->new_sequence(pool);
+  for (const auto& [from, n] : prefix) {
+    run(a, from, n);
+    run(alone, from, n);
+  }
+  const int64_t held = pool->used();
+  Sequence b = a;
+  EXPECT_EQ(pool->used(), held);
+  for (const auto& [from, n] : rest) {
+    const auto expected = run(alone, from, n), from_a = run(a, from, n), from_b = run(b, from, n);
+    EXPECT_EQ(0, std::memcmp(from_a.data(), expected.data(), expected.size() * sizeof(float))) << from;
+    EXPECT_EQ(0, std::memcmp(from_b.data(), expected.data(), expected.size() * sizeof(float))) << from;
+  }
+}
+
+// A pool at capacity fails the forward with out_of_memory, naming the budget.
+TEST(Forward, FullStatePoolFailsClearly) {
+  const auto model = Model::load(fixture("tiny"));
+  auto pool = std::make_shared<HostBlockPool>(model->state_block_floats(), 2);
+  Sequence s = model->new_sequence(pool);
+  const std::vector<int32_t> ids{1, 2, 3};
+  KEEL_EXPECT_ERROR(model->forward(s, ids), ErrorCode::out_of_memory);
 }
 
 // Perplexity over windows equals the one computed from transformers' logits of each

@@ -210,8 +210,9 @@ TEST(Attention, IndexerPicksHighestReluScores) {
   // Two heads of dim 1 with weights (1, 0.5); keys 1, -2, 3: scores
   // relu(q0·k)·1 + relu(q1·k)·0.5 with q = (1, -1): 1, 1, 3.
   const std::vector<float> q{1, -1}, w{1, 0.5f}, keys{1, -2, 3};
-  EXPECT_EQ(indexer_select(q, w, 2, 1, keys, 3, 2), (std::vector<int64_t>{2, 0}));
-  EXPECT_EQ(indexer_select(q, w, 2, 1, keys, 2, 5), (std::vector<int64_t>{0, 1}));  // only 2 visible
+  const std::vector<const float*> rows{&keys[0], &keys[1], &keys[2]};
+  EXPECT_EQ(indexer_select(q, w, 2, 1, rows, 2), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(indexer_select(q, w, 2, 1, std::span(rows).first(2), 5), (std::vector<int64_t>{0, 1}));  // only 2 visible
 }
 
 TEST(Compressor, PoolIsPerChannelSoftmax) {

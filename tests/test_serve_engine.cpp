@@ -246,6 +246,49 @@ TEST(ServeEngine, PrefixCacheWithoutRoomCachesNothing) {
   EXPECT_EQ(metric(engine, "keel_prefix_cache_bytes"), 0);
 }
 
+// On the CPU a snapshot shares the request's state blocks: the state in use (snapshots
+// and all) is less than what the snapshots refer to one by one, and no running request
+// holds any once they finished.
+TEST(ServeEngine, PrefixSnapshotsShareStateBlocks) {
+  std::string text;
+  for (int i = 0; i < 6; ++i) text += kPrompts[i % kPrompts.size()] + " ";
+  const auto prompt = prompt_of(text);
+  ASSERT_GT(prompt.size(), 48u);
+  Engine engine(*demo().model, demo().tokenizer, {.prefill_chunk = 24, .prefix_block = 16});
+  Outcome out;
+  ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 4}, out.sink()));
+  out.wait();
+  const double in_use = metric(engine, "keel_state_in_use_bytes"), cached = metric(engine, "keel_prefix_cache_bytes");
+  EXPECT_GT(in_use, 0);
+  EXPECT_LT(in_use, cached);
+  EXPECT_EQ(metric(engine, "keel_state_bytes"), 0);
+}
+
+// Snapshots live in the same budget as the running requests and give way to them: with
+// room for about one and a half requests, requests one after another evict snapshots
+// rather than preempt anyone, and give the plain loop's tokens.
+TEST(ServeEngine, SnapshotsGiveWayToRunningRequests) {
+  const Model& m = *demo().model;
+  Sequence probe = m.new_sequence();
+  std::vector<int32_t> ids(120, 100);
+  m.forward(probe, ids, LogitRows::last);
+  const uint64_t budget = probe.state_bytes() * 3 / 2;
+  Engine engine(m, demo().tokenizer,
+                {.prefill_chunk = 16, .state_bytes = budget, .prefix_cache_bytes = budget * 8, .prefix_block = 16});
+  for (int i = 0; i < 4; ++i) {
+    std::string text;
+    for (int j = 0; j < 4; ++j) text += kPrompts[(i + j) % kPrompts.size()] + " ";
+    const auto prompt = prompt_of(text);
+    Outcome out;
+    ASSERT_TRUE(engine.submit({.prompt = prompt, .max_tokens = 16, .ignore_eos = true}, out.sink()));
+    out.wait();
+    EXPECT_EQ(out.finish, Finish::length) << out.error;
+    EXPECT_EQ(out.tokens, reference(prompt, 16, {}, true)) << i;
+    EXPECT_LE(metric(engine, "keel_state_in_use_bytes"), static_cast<double>(budget));
+  }
+  EXPECT_EQ(metric(engine, "keel_preemptions_total"), 0);
+}
+
 // Waiting requests are admitted by priority (lower first), arrivals in order within one.
 // The order in which requests finish, by name: wraps an Outcome's sink.
 class FinishOrder {

@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace keel::cuda {
@@ -33,6 +35,23 @@ std::vector<T> host_copy(const T* p, size_t n) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
   return v;
+}
+
+// `rows` (of `width` floats) as paged state: blocks of `rows_per_block` rows stored in
+// reverse order in one device buffer (the unused floats after the last row poisoned),
+// and the device table of their addresses, in row order (cuda/paged_rows.h).
+inline const float* const* scattered_table(const std::vector<float>& rows, int width, int rows_per_block) {
+  const size_t count = rows.size() / width, per_block = size_t(rows_per_block) * width;
+  const size_t blocks = (count + rows_per_block - 1) / rows_per_block;
+  std::vector<float> stored(blocks * per_block, std::nanf(""));
+  for (size_t r = 0; r < count; ++r) {
+    const size_t slot = (blocks - 1 - r / rows_per_block) * per_block + (r % rows_per_block) * width;
+    std::copy_n(&rows[r * width], width, &stored[slot]);
+  }
+  const float* arena = device_copy(stored);
+  std::vector<const float*> table(blocks);
+  for (size_t b = 0; b < blocks; ++b) table[b] = arena + (blocks - 1 - b) * per_block;
+  return device_copy(table);
 }
 
 }  // namespace keel::cuda

@@ -163,6 +163,44 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
+// GpuModel::blocks_needed bounds the blocks each forward takes from the state pool (the
+// serving engine reserves it before a step), for first chunks, windows closing and
+// decode steps. A copy shares every block, and it and the original then continue with
+// the same bits as a sequence that ran the same chunks alone.
+TEST(GpuModel, PagedStateBoundsGrowthAndCopiesShareBlocks) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  const auto gpu = GpuModel::create(*host);
+  const DeviceBlockPool& pool = gpu->state_pool();
+  std::mt19937 rng(11);
+  std::vector<int32_t> ids(400);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % host->config().vocab_size);
+  const auto run = [&](DeviceSequence& seq, size_t from, size_t n) {
+    const int64_t before = pool.used(), bound = gpu->blocks_needed(seq, static_cast<int64_t>(n));
+    auto logits = gpu->forward(seq, std::span(ids).subspan(from, n), LogitRows::last);
+    EXPECT_LE(pool.used() - before, bound) << n << " tokens at " << from;
+    return logits;
+  };
+  DeviceSequence seq = gpu->new_sequence(), alone = gpu->new_sequence();
+  size_t at = 0;
+  for (const size_t n : {1, 3, 64, 5, 128, 1, 1, 90}) {
+    run(seq, at, n);
+    run(alone, at, n);
+    at += n;
+  }
+  const int64_t held = pool.used();
+  DeviceSequence copy = gpu->clone(seq);
+  EXPECT_EQ(pool.used(), held);
+  EXPECT_EQ(copy.state_bytes(), seq.state_bytes());
+  for (const size_t n : {1, 7, 1, 90}) {
+    const auto want = run(alone, at, n), a = run(seq, at, n), b = run(copy, at, n);
+    EXPECT_TRUE(same_bits(a, want)) << "the original after " << at;
+    EXPECT_TRUE(same_bits(b, want)) << "the copy after " << at;
+    at += n;
+  }
+}
+
+
 // Batch invariance: sequences that join at different steps and run chunks of different
 // sizes (prefill chunks beside decode tokens) in batched calls get exactly the logits,
 // bit for bit, of the same calls made for each alone, and a batched call asking for

@@ -75,29 +75,26 @@ void run_gpu(const Inputs& in, std::vector<std::vector<int64_t>>& picks) {
                  in.k, kBase, doffsets, dout, dscores);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   const std::vector<int32_t> out = host_copy(dout, slots);
-  // Again with a key buffer and an index base per token (tokens of several sequences in
-  // one call): odd tokens read a second copy of the keys, token t's base is kBase + 7t.
+  // Again with paged keys and an index base per token (tokens of several sequences in one
+  // call): each token reads the keys through a block table of its own (blocks of 5 rows,
+  // stored out of order), token t's base is kBase + 7t.
   {
-    float* second = device_copy(in.keys);
-    std::vector<const float*> rows(tokens);
+    std::vector<const float* const*> tables(tokens);
     std::vector<int32_t> bases(tokens);
     for (size_t t = 0; t < tokens; ++t) {
-      rows[t] = t % 2 ? second : dkeys;
+      tables[t] = scattered_table(in.keys, in.key_dim, 5);
       bases[t] = kBase + 7 * static_cast<int32_t>(t);
     }
-    const float* const* drows = device_copy(rows);
     int32_t* dbases = device_copy(bases);
     int32_t* dout2 = device_poisoned<int32_t>(slots);
     indexer_select(dq, dweights, static_cast<int64_t>(tokens), in.heads, in.key_dim, nullptr, dvisible, max_visible,
-                   in.k, 0, doffsets, dout2, dscores, drows, dbases);
+                   in.k, 0, doffsets, dout2, dscores, PagedTables{device_copy(tables), 5}, dbases);
     const std::vector<int32_t> out2 = host_copy(dout2, slots);
     for (size_t t = 0; t < tokens; ++t) {
       for (int32_t i = 0; i < counts[t]; ++i) {
         ASSERT_EQ(out2[offsets[t] + i] - 7 * static_cast<int32_t>(t), out[offsets[t] + i]) << "token " << t;
       }
     }
-    cudaFree(second);
-    cudaFree(const_cast<const float**>(drows));
     cudaFree(dbases);
     cudaFree(dout2);
   }
@@ -122,7 +119,9 @@ void run_gpu(const Inputs& in, std::vector<std::vector<int64_t>>& picks) {
 }
 
 std::vector<int64_t> cpu_picks(const Inputs& in, size_t t) {
-  return keel::indexer_select(in.q_of(t), in.weights_of(t), in.heads, in.key_dim, in.keys, in.visible[t], in.k);
+  std::vector<const float*> keys;
+  for (int64_t w = 0; w < in.visible[t]; ++w) keys.push_back(in.keys.data() + w * in.key_dim);
+  return keel::indexer_select(in.q_of(t), in.weights_of(t), in.heads, in.key_dim, keys, in.k);
 }
 
 double exact_score(const Inputs& in, size_t t, int64_t w) {

@@ -30,7 +30,7 @@ std::string_view name(ErrorCode code) {
       "config_missing", "config_type", "config_value",     "unsupported_model", "weights_mismatch",
       "kernel_plan",
       "tokenizer_json", "tokenizer_unsupported",
-      "bad_input",
+      "bad_input",     "out_of_memory",
       "chat_request",
   };
   static_assert(kNames.size() == static_cast<size_t>(ErrorCode::chat_request) + 1);

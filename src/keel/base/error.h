@@ -40,6 +40,7 @@ enum class ErrorCode {
   tokenizer_unsupported,  // a component type or option keel does not implement (named)
   // running the model
   bad_input,           // token ids out of range, an empty prompt, a context past the maximum
+  out_of_memory,       // the sequence-state pool has no free block (its capacity is the state budget)
   // chat requests
   chat_request,        // OpenAI messages/tools malformed (the field is named, e.g. messages[2].role)
 };

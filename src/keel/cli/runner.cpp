@@ -20,6 +20,12 @@ namespace keel::cli {
 namespace {
 
 #if KEEL_HAVE_CUDA
+// The executor's side of a GPU's paged state pool (cuda/device_block_pool.h).
+uint64_t pool_bytes(const cuda::GpuModel& m, int64_t blocks) { return blocks * m.state_pool().block_bytes(); }
+uint64_t pool_capacity(const cuda::GpuModel& m, uint64_t bytes) {
+  return std::min<uint64_t>(bytes / m.state_pool().block_bytes(), INT64_MAX);
+}
+
 struct GpuSequence final : SequenceState {
   cuda::DeviceSequence sequence;
   int64_t length() const override { return sequence.length; }
@@ -39,6 +45,14 @@ class GpuExecutor final : public Executor {
     auto s = std::make_unique<GpuSequence>();
     s->sequence = model_->clone(static_cast<const GpuSequence&>(sequence).sequence);
     return s;
+  }
+  uint64_t state_in_use() const override { return pool_bytes(*model_, model_->state_pool().used()); }
+  uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const override {
+    return pool_bytes(*model_, sequence ? model_->blocks_needed(static_cast<const GpuSequence*>(sequence)->sequence, tokens)
+                                        : model_->blocks_needed(model_->new_sequence(), tokens));
+  }
+  void limit_state(uint64_t bytes) const override {
+    model_->state_pool().set_capacity(static_cast<int64_t>(pool_capacity(*model_, bytes)));
   }
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
     return model_->forward(static_cast<GpuSequence&>(sequence).sequence, tokens, rows);
@@ -80,14 +94,12 @@ class GpuExecutor final : public Executor {
 #endif
 
 #if KEEL_HAVE_NCCL
+// Every rank holds the same state (attention is replicated), so a sequence's bytes are
+// one device's: the state budget is per device.
 struct ParallelSequence final : SequenceState {
   parallel::ExpertParallelModel::Sequence sequence;
   int64_t length() const override { return sequence.length(); }
-  uint64_t bytes() const override {
-    uint64_t b = 0;
-    for (const auto& r : sequence.ranks) b += r.state_bytes();
-    return b;
-  }
+  uint64_t bytes() const override { return sequence.ranks.empty() ? 0 : sequence.ranks.front().state_bytes(); }
 };
 
 class ParallelExecutor final : public Executor {
@@ -97,6 +109,20 @@ class ParallelExecutor final : public Executor {
     auto s = std::make_unique<ParallelSequence>();
     s->sequence = model_->new_sequence();
     return s;
+  }
+  uint64_t state_in_use() const override {
+    const cuda::GpuModel& rank0 = model_->rank(0);
+    return pool_bytes(rank0, rank0.state_pool().used());
+  }
+  uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const override {
+    const cuda::GpuModel& rank0 = model_->rank(0);
+    return pool_bytes(rank0, sequence ? rank0.blocks_needed(static_cast<const ParallelSequence*>(sequence)->sequence.ranks.front(), tokens)
+                                      : rank0.blocks_needed(rank0.new_sequence(), tokens));
+  }
+  void limit_state(uint64_t bytes) const override {
+    for (int r = 0; r < model_->gpus(); ++r) {
+      model_->rank(r).state_pool().set_capacity(static_cast<int64_t>(pool_capacity(model_->rank(r), bytes)));
+    }
   }
   std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override {
     auto s = std::make_unique<ParallelSequence>();

@@ -48,18 +48,19 @@ std::string default_model() {
 // Room the forward pass's intermediate buffers may take at the largest step.
 constexpr uint64_t kWorkspaceReserve = uint64_t{2} << 30;
 
-// On a GPU the running sequences' state may take `fraction` of the device's memory, less
-// what is in use now (weights and all) and room for the prefix cache and the workspace.
-uint64_t gpu_state_budget(const Executor::Memory& memory, double fraction, uint64_t prefix_cache_bytes) {
+// On a GPU the sequence state (running requests and prefix snapshots) may take
+// `fraction` of the device's memory, less what is in use now (weights and all) and room
+// for the workspace.
+uint64_t gpu_state_budget(const Executor::Memory& memory, double fraction) {
   if (!(fraction > 0 && fraction <= 1)) fail(ErrorCode::usage, {.field = "--memory-fraction"}, "must be in (0, 1]");
   const double allowed = fraction * static_cast<double>(memory.total) - static_cast<double>(memory.total - memory.free);
-  const double left = allowed - static_cast<double>(prefix_cache_bytes + kWorkspaceReserve);
+  const double left = allowed - static_cast<double>(kWorkspaceReserve);
   if (left < double{1 << 20}) {
     fail(ErrorCode::usage, {.field = "--memory-fraction"},
-         fmt::format("{} of the device's {:.0f} MiB leaves no room for sequence state: {:.0f} MiB are in use, the prefix "
-                     "cache takes {:.0f} MiB and the workspace {:.0f} MiB",
+         fmt::format("{} of the device's {:.0f} MiB leaves no room for sequence state: {:.0f} MiB are in use and the "
+                     "workspace takes {:.0f} MiB",
                      fraction, memory.total / 1048576.0, (memory.total - memory.free) / 1048576.0,
-                     prefix_cache_bytes / 1048576.0, kWorkspaceReserve / 1048576.0));
+                     kWorkspaceReserve / 1048576.0));
   }
   return static_cast<uint64_t>(left);
 }
@@ -80,10 +81,10 @@ void serve_main(ServeOptions& o) {
   const Loaded loaded = load_executor(o.model, o.quiet, o.kernels);
   const Model& model = *loaded.model;
   if (const auto memory = loaded.executor->device_memory(); memory && !o.state_mb_given) {
-    o.limits.state_bytes = gpu_state_budget(*memory, o.memory_fraction, o.limits.prefix_cache_bytes);
+    o.limits.state_bytes = gpu_state_budget(*memory, o.memory_fraction);
     if (!o.quiet) {
       fmt::print("sequence-state budget {:.0f} MiB ({:.0f}% of {:.0f} MiB of device memory, less what is in use and "
-                 "the prefix cache and {} MiB of workspace)\n",
+                 "{} MiB of workspace)\n",
                  o.limits.state_bytes / 1048576.0, 100 * o.memory_fraction, memory->total / 1048576.0,
                  kWorkspaceReserve >> 20);
     }
@@ -114,14 +115,15 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--step-tokens", o->limits.step_tokens, "Tokens forwarded per engine step, all requests together")->capture_default_str();
   cmd->add_option("--prefill-chunk", o->limits.prefill_chunk, "Prompt tokens one request forwards per step")->capture_default_str();
   cmd->add_option("--state-mb", o->state_mb,
-                  "Sequence-state budget in MiB (past it the lowest-priority, newest request is preempted); on a GPU "
-                  "the default comes from --memory-fraction")
+                  "Sequence-state budget in MiB: running requests and prefix snapshots (on the CPU, the capacity of "
+                  "the paged state pool). Snapshots are evicted first, then the lowest-priority, newest request is "
+                  "preempted; on a GPU the default comes from --memory-fraction")
       ->capture_default_str()
       ->each([o](const std::string&) { o->state_mb_given = true; });
   cmd->add_option("--memory-fraction", o->memory_fraction,
                   "GPU: the share of device memory keel may use, weights included; sequence state gets what is left")
       ->capture_default_str();
-  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "Prompt-prefix snapshots kept, MiB (0: no prefix cache)")
+  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb, "State the prompt-prefix snapshots may refer to, MiB, within the state budget (0: no prefix cache)")
       ->capture_default_str();
   cmd->add_option("--prefix-block", o->limits.prefix_block, "Prompt prefixes are cached at multiples of this")
       ->capture_default_str();

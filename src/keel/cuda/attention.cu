@@ -25,7 +25,8 @@ __host__ __device__ constexpr int splits_of(int keys) {
   return keys <= kKeysPerSplit ? 1 : min(kMaxSplits, (keys + kKeysPerSplit - 1) / kKeysPerSplit);
 }
 
-// Block (head group, sequence, split), kv_rows[b] (if given) the sequence's key buffer: each warp keeps its head's query slice, running
+// Block (head group, sequence, split), with `paged` the sequence's keys through its block
+// table, else rows of `kv`: each warp keeps its head's query slice, running
 // max m, denominator l and weighted key sum in registers (lane holds channels
 // lane + 32·i) and folds in its split's keys one tile at a time (online softmax). The
 // sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
@@ -35,12 +36,12 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
-           const float* const* __restrict__ kv_rows) {
+           PagedTables paged) {
   __shared__ float tile[kTile * kMaxAttentionHeadDim];
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
-  if (kv_rows) kv = kv_rows[b];
+  const float* const* table = paged.tables ? paged.tables[b] : nullptr;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int h = blockIdx.x * kHeadsPerBlock + warp;
   const bool active = h < heads;  // inactive warps still help stage tiles
@@ -63,7 +64,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     __syncthreads();  // the previous tile is no longer read
     for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
       const int j = e / head_dim, d = e % head_dim;
-      tile[j * kMaxAttentionHeadDim + d] = kv[int64_t{key_index[first + base + j]} * head_dim + d];
+      const int64_t r = key_index[first + base + j];
+      const float* row = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+      tile[j * kMaxAttentionHeadDim + d] = row[d];
     }
     __syncthreads();
     if (!active) continue;
@@ -151,18 +154,19 @@ int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_ke
 
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, float* scratch, int max_keys, const float* const* kv_rows, void* stream) {
+                   float* out, float* scratch, int max_keys, PagedTables paged, void* stream) {
   if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
     throw std::runtime_error("cuda::attend_decode: head_dim " + std::to_string(head_dim) + " is not in 1.." +
                              std::to_string(kMaxAttentionHeadDim));
   }
   if (sequences <= 0 || heads <= 0) return;
   if (sequences > 65535) throw std::runtime_error("cuda::attend_decode: more than 65535 sequences");
+  if (paged.tables && paged.rows_per_block < 1) throw std::runtime_error("cuda::attend_decode: paged keys without rows per block");
   const int splits = splits_of(max_keys);
   if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_decode: no scratch for split keys");
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
   decode<<<grid, kHeadsPerBlock * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch, kv_rows);
+      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch, paged);
   check(cudaGetLastError(), "attend_decode launch");
   if (splits > 1) {
     combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, static_cast<cudaStream_t>(stream)>>>(

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/paged_rows.h"
 #include "plan/kernel_registry.h"
 
 namespace keel::cuda {
@@ -19,16 +20,16 @@ constexpr int kMaxAttentionHeadDim = 512;
 //   share dropped.
 // q and out are [sequences, heads, head_dim]; kv is [*, head_dim]; key_offsets has
 // sequences + 1 entries, none more than max_keys apart. head_dim ≤ kMaxAttentionHeadDim.
-// With `kv_rows` (device array of `sequences` pointers), sequence b's key_index rows are
-// rows of kv_rows[b] instead: sequences with key buffers of their own in one call.
+// With `paged` (a block table per sequence: cuda/paged_rows.h), sequence b's key_index
+// rows are rows of its table instead of `kv`: sequences with paged state of their own in
+// one call.
 // Long key lists are split across blocks (flash-decoding) and merged; how a list is
 // split depends on its length only, so a sequence's result is the same bits alone and
 // beside others. `scratch` holds attend_decode_scratch(...) floats (0: may be null).
 // Asynchronous on `stream`.
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, float* scratch, int max_keys, const float* const* kv_rows = nullptr,
-                   void* stream = nullptr);
+                   float* out, float* scratch, int max_keys, PagedTables paged = {}, void* stream = nullptr);
 int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).

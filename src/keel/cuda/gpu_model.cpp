@@ -264,7 +264,8 @@ struct GpuModel::Workspace {
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
   DeviceBuffer<float> logits;
   DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
-  DeviceBuffer<const float*> key_rows, index_key_rows;
+  DeviceBuffer<const float*> key_tables, index_tables;                 // block pointers, part after part
+  DeviceBuffer<const float* const*> key_table_rows, index_table_rows;  // per row: its part's table
   DeviceBuffer<CopyJob> copy_jobs;
   DeviceBuffer<int64_t> window_starts;
   DeviceBuffer<float> pooled;
@@ -283,16 +284,6 @@ float* grow(DeviceBuffer<float>& b, int64_t n) {
 void copy_into(DeviceBuffer<float>& to, const float* from, int64_t count, cudaStream_t stream) {
   float* dst = grow(to, count);
   if (count) check_api(cudaMemcpyAsync(dst, from, count * sizeof(float), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-}
-
-// A compressor's state into another's buffers (a mark, and back), asynchronously.
-void copy_state(DeviceCompressorState& to, const DeviceCompressorState& from, cudaStream_t stream) {
-  to.count = from.count;
-  to.pending = from.pending;
-  for (auto [dst, src] : {std::pair{&to.pending_kv, &from.pending_kv}, {&to.pending_gate, &from.pending_gate},
-                          {&to.previous_kv, &from.previous_kv}, {&to.previous_gate, &from.previous_gate}}) {
-    copy_into(*dst, src->data(), static_cast<int64_t>(src->size()), stream);
-  }
 }
 
 // What every step of one forward call shares (model/forward.cpp's Step). A call's rows
@@ -374,21 +365,45 @@ struct ClosingWindows {
   std::vector<Window> lone, rest;  // CSA's first window (no previous series), the others
   std::vector<Keep> keep;
   int64_t rows = 0;
+
+  // Rows [0, count) of a state's kv and gate (paged alike) gathered at row `at`, a run
+  // per block.
+  void gather_state(int64_t at, const DevicePagedRows& kv, const DevicePagedRows& gate, int64_t count) {
+    const int64_t per = kv.rows_per_block();
+    for (int64_t i = 0; i < count; i += per) {
+      gather.push_back({at + i, kv.row(i), gate.row(i), std::min(per, count - i)});
+    }
+  }
+  // Rows [0, count) of a state's kv and gate refilled from row `at`, a run per block.
+  void keep_state(DevicePagedRows& kv, DevicePagedRows& gate, int64_t at, int64_t count) {
+    const int64_t per = kv.rows_per_block();
+    for (int64_t i = 0; i < count; i += per) keep.push_back({kv.write_row(i), gate.write_row(i), at + i, std::min(per, count - i)});
+  }
 };
+
+// Copy jobs for rows [first, first + n) of `rows` from `src` ([n, width]), one per run
+// of rows within a block (copying a shared block first).
+void copy_rows_in(DevicePagedRows& rows, int64_t first, const float* src, int64_t n, std::vector<CopyJob>& jobs) {
+  const int64_t per = rows.rows_per_block(), width = rows.width();
+  for (int64_t i = first; i < first + n;) {
+    const int64_t run = std::min(first + n, (i / per + 1) * per) - i;
+    jobs.push_back({rows.write_row(i), src + (i - first) * width, run * width});
+    i += run;
+  }
+}
 
 // One sequence's `n` token projections kv, gate ([n, width]) join its compressor: rows
 // that close no window join the open one through `jobs` (run later in one launch); the
-// windows they close are planned in `closing`, whose entries go to `entries` (row 0 =
-// entry 0, rows of dim). The state's counts change now; its rows when `closing` runs.
+// windows they close are planned in `closing`, whose entries become rows of `entries`.
+// The state's counts change now; its rows when `closing` runs.
 void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float* kv, const float* gate, int64_t n,
-              float* entries, std::vector<CopyJob>& jobs, ClosingWindows& closing) {
-  const int m = w.ratio, dim = w.dim;
-  const int64_t width = w.width();
-  st.pending_kv.resize(m * width);
-  st.pending_gate.resize(m * width);
+              DevicePagedRows& entries, std::vector<CopyJob>& jobs, ClosingWindows& closing) {
+  const int m = w.ratio;
+  st.pending_kv.resize(m);
+  st.pending_gate.resize(m);
   if (st.pending + n < m) {  // no window closes (most decode steps): the rows join the open one
-    jobs.push_back({st.pending_kv.data() + st.pending * width, kv, n * width});
-    jobs.push_back({st.pending_gate.data() + st.pending * width, gate, n * width});
+    copy_rows_in(st.pending_kv, st.pending, kv, n, jobs);
+    copy_rows_in(st.pending_gate, st.pending, gate, n, jobs);
     st.pending += static_cast<int>(n);
     return;
   }
@@ -396,24 +411,25 @@ void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float*
   const int64_t before = w.overlapping && st.count > 0 ? m : 0;
   const int64_t rows = before + st.pending + n, windows = (st.pending + n) / m, base = closing.rows;
   closing.rows += rows;
-  closing.gather.push_back({base, st.previous_kv.data(), st.previous_gate.data(), before});
-  closing.gather.push_back({base + before, st.pending_kv.data(), st.pending_gate.data(), st.pending});
+  closing.gather_state(base, st.previous_kv, st.previous_gate, before);
+  closing.gather_state(base + before, st.pending_kv, st.pending_gate, st.pending);
   closing.gather.push_back({base + before + st.pending, kv, gate, n});
   // CSA's first window has no previous series: ratio slots instead of 2·ratio.
   const bool lone = w.overlapping && st.count == 0;
+  entries.resize(st.count + windows);
   for (int64_t i = 0; i < windows; ++i) {  // an entry sits at its window's start
-    const ClosingWindows::Window window{base + before + i * m, entries + (st.count + i) * dim, (st.count + i) * m};
+    const ClosingWindows::Window window{base + before + i * m, entries.write_row(st.count + i), (st.count + i) * m};
     (i == 0 && lone ? closing.lone : closing.rest).push_back(window);
   }
   if (w.overlapping) {
-    st.previous_kv.resize(m * width);
-    st.previous_gate.resize(m * width);
-    closing.keep.push_back({st.previous_kv.data(), st.previous_gate.data(), base + before + (windows - 1) * m, m});
+    st.previous_kv.resize(m);
+    st.previous_gate.resize(m);
+    closing.keep_state(st.previous_kv, st.previous_gate, base + before + (windows - 1) * m, m);
   }
   st.count += windows;
   const int64_t done = before + windows * m;
   st.pending = static_cast<int>(rows - done);
-  closing.keep.push_back({st.pending_kv.data(), st.pending_gate.data(), base + done, st.pending});
+  closing.keep_state(st.pending_kv, st.pending_gate, base + done, st.pending);
 }
 
 // Runs what `closing` planned for compressor `w`.
@@ -470,35 +486,19 @@ void close_windows(const Step& s, const DeviceCompressor& w, const ClosingWindow
 
 // --- Attention (§5) ------------------------------------------------------------------------
 
-// `entries` rows of `dim` floats, with room reserved ahead (64 rows at least, then
-// doubling): growing mid-step (cudaMalloc, a copy, cudaFree) stalls the whole device,
-// and many sequences growing in the same step each pay it.
-void resize_entries(DeviceBuffer<float>& b, int64_t entries, int64_t dim) {
-  const auto rows = static_cast<size_t>(entries), width = static_cast<size_t>(dim);
-  if (rows * width > b.capacity()) b.reserve(std::max({rows, 2 * b.capacity() / width, size_t{64}}) * width);
-  b.resize(rows * width);
-}
-
-// Room for `n` chunk keys and `entries` compressed entries; the ring and the entries
-// made so far move with a reallocation.
-void reserve_keys(const Step& s, DeviceLayerState& st, int64_t n, int64_t entries) {
-  const int64_t hd = s.c.head_dim, sw = s.c.sliding_window;
-  if (n <= st.chunk_rows && entries <= st.entry_rows) return;
-  const int64_t chunk = std::max(n, st.chunk_rows);
-  const int64_t room = std::max({entries, st.entry_rows * 2, int64_t{64}});
-  DeviceBuffer<float> keys(static_cast<size_t>((sw + chunk + room) * hd));
-  if (st.keys.size()) {
-    s.copy(keys.data(), st.keys.data(), sw * hd * kF);
-    s.copy(keys.data() + (sw + chunk) * hd, st.keys.data() + (sw + st.chunk_rows) * hd,
-           st.compressor.count * hd * kF);
-  }
-  st.keys = std::move(keys);
-  st.chunk_rows = chunk;
-  st.entry_rows = room;
-}
+// Each part's keys are rows of one block table (cuda/paged_rows.h) of head_dim rows:
+// its ring's blocks (slot r is row r), then its chunk's own keys in the call's kv
+// projection (rows from `chunk`), then its compressed entries' blocks (from `entries`).
+struct KeyLayout {
+  int64_t per_block, chunk, entries;
+  KeyLayout(const DeviceLayerState& st, int64_t n)
+      : per_block(st.ring.rows_per_block()),
+        chunk(static_cast<int64_t>(st.ring.blocks().size()) * per_block),
+        entries(chunk + (n + per_block - 1) / per_block * per_block) {}
+};
 
 // Key lists per row of the call (window rows, then HCA entries or room for the
-// indexer's picks), as indices into the row's own sequence's key buffer.
+// indexer's picks), as rows of the row's own part's table.
 struct KeyLists {
   std::vector<int32_t> index, offsets{0};
   std::vector<int32_t> visible, picks_at;  // CSA: per row
@@ -510,18 +510,18 @@ KeyLists key_lists(const Step& s, const GpuModel::Layer& L, int layer, std::span
   const int64_t sw = s.c.sliding_window;
   KeyLists k;
   for (const Part& part : parts) {
-    const int64_t chunk_base = sw, entry_base = sw + part.sequence->layers[layer].chunk_rows;
+    const KeyLayout at(part.sequence->layers[layer], part.count);
     int longest = 0;
     int64_t max_visible = 0;
     for (int64_t t = 0; t < part.count; ++t) {
       const int64_t p = part.start + t;
       for (int64_t j = std::max<int64_t>(0, p - sw + 1); j <= p; ++j) {
-        k.index.push_back(static_cast<int32_t>(j >= part.start ? chunk_base + (j - part.start) : j % sw));
+        k.index.push_back(static_cast<int32_t>(j >= part.start ? at.chunk + (j - part.start) : j % sw));
       }
       if (L.compressor) {
         const int64_t visible = (p + 1) / L.compressor->ratio;
         if (!L.index_compressor) {
-          for (int64_t w = 0; w < visible; ++w) k.index.push_back(static_cast<int32_t>(entry_base + w));
+          for (int64_t w = 0; w < visible; ++w) k.index.push_back(static_cast<int32_t>(at.entries + w));
         } else {
           k.visible.push_back(static_cast<int32_t>(visible));
           k.picks_at.push_back(static_cast<int32_t>(k.index.size()));
@@ -536,6 +536,29 @@ KeyLists key_lists(const Step& s, const GpuModel::Layer& L, int layer, std::span
     k.max_visible.push_back(max_visible);
   }
   return k;
+}
+
+// The block pointers of `rows`, appended.
+void add_blocks(const DevicePagedRows& rows, std::vector<const float*>& out) {
+  for (size_t b = 0; b < rows.blocks().size(); ++b) out.push_back(rows.block_data(b));
+}
+
+// Uploads every part's table (built by `table_of`) and, per row of the call, the address
+// of its part's table; returns the device array of the latter.
+template <typename TableOf>
+const float* const* const* upload_tables(const Step& s, std::span<const Part> parts, DeviceBuffer<const float*>& tables,
+                                         DeviceBuffer<const float* const*>& table_rows, TableOf&& table_of) {
+  std::vector<const float*> all;
+  std::vector<size_t> starts;
+  for (const Part& part : parts) {
+    starts.push_back(all.size());
+    table_of(part, all);
+  }
+  s.ws.stage.upload(tables, std::span<const float* const>(all), s.stream);
+  std::vector<const float* const*> rows;
+  for (size_t i = 0; i < parts.size(); ++i) rows.insert(rows.end(), parts[i].count, tables.data() + starts[i]);
+  s.ws.stage.upload(table_rows, std::span<const float* const* const>(rows), s.stream);
+  return table_rows.data();
 }
 
 // Projections and norms run over every row of the call at once; keys, compressors,
@@ -587,22 +610,19 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
   }
   std::vector<CopyJob> jobs;
   ClosingWindows closing, index_closing;
-  for (const Part& part : parts) {  // this chunk's keys and entries into each sequence's state
+  for (const Part& part : parts) {  // this chunk's compressor rows and entries into each sequence's state
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t n = part.count;
-    const int ratio = L.compressor ? L.compressor->ratio : 1;
-    reserve_keys(s, st, n, L.compressor ? st.compressor.count + (st.compressor.pending + n) / ratio : 0);
-    jobs.push_back({st.keys.data() + sw * hd, kv + part.row * hd, n * hd});
+    if (st.ring.empty()) st.ring.resize(sw);
     if (L.compressor) {
       const int64_t width = L.compressor->width();
-      compress(*L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n,
-               st.keys.data() + (sw + st.chunk_rows) * hd, jobs, closing);
+      compress(*L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n, st.entries, jobs,
+               closing);
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
-      resize_entries(st.index_keys, st.indexer.count + (st.indexer.pending + n) / ic.ratio, ic.dim);
-      compress(ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n, st.index_keys.data(),
-               jobs, index_closing);
+      compress(ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n, st.index_keys, jobs,
+               index_closing);
     }
   }
   if (L.compressor) close_windows(s, *L.compressor, closing);
@@ -610,34 +630,45 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
   copy_jobs(s, jobs);
 
   s.mark("attention: key lists, indexer top-k");
-  // Every row's key list indexes its own sequence's buffers: the kernels get a pointer
-  // per row, so one launch covers all the sequences.
+  // Every row's key list indexes its own part's block table: the kernels get a table per
+  // row, so one launch covers all the sequences.
   const KeyLists keys = key_lists(s, L, layer, parts);
   ws.stage.upload(ws.key_index, std::span<const int32_t>(keys.index), s.stream);
   ws.stage.upload(ws.key_offsets, std::span<const int32_t>(keys.offsets), s.stream);
-  std::vector<const float*> key_rows, index_key_rows;
-  std::vector<int32_t> index_bases;
+  const int per_block = static_cast<int>(parts.front().sequence->layers[layer].ring.rows_per_block());
+  const PagedTables key_tables{
+      upload_tables(s, parts, ws.key_tables, ws.key_table_rows,
+                    [&](const Part& part, std::vector<const float*>& table) {
+                      const DeviceLayerState& st = part.sequence->layers[layer];
+                      add_blocks(st.ring, table);
+                      for (int64_t r = 0; r < part.count; r += per_block) table.push_back(kv + (part.row + r) * hd);
+                      add_blocks(st.entries, table);
+                    }),
+      per_block};
   int64_t max_visible = 0;
   int longest = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const DeviceLayerState& st = parts[i].sequence->layers[layer];
-    key_rows.insert(key_rows.end(), parts[i].count, st.keys.data());
-    if (L.index_compressor) {
-      index_key_rows.insert(index_key_rows.end(), parts[i].count, st.index_keys.data());
-      index_bases.insert(index_bases.end(), parts[i].count, static_cast<int32_t>(sw + st.chunk_rows));
-      max_visible = std::max(max_visible, keys.max_visible[i]);
-    }
+    max_visible = std::max(max_visible, keys.max_visible[i]);
     longest = std::max(longest, keys.longest[i]);
   }
-  ws.stage.upload(ws.key_rows, std::span<const float* const>(key_rows), s.stream);
   if (L.index_compressor) {
+    std::vector<int32_t> index_bases;
+    for (const Part& part : parts) {
+      index_bases.insert(index_bases.end(), part.count,
+                         static_cast<int32_t>(KeyLayout(part.sequence->layers[layer], part.count).entries));
+    }
+    const PagedTables index_tables{
+        upload_tables(s, parts, ws.index_tables, ws.index_table_rows,
+                      [&](const Part& part, std::vector<const float*>& table) {
+                        add_blocks(part.sequence->layers[layer].index_keys, table);
+                      }),
+        static_cast<int>(parts.front().sequence->layers[layer].index_keys.rows_per_block())};
     ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
     ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
-    ws.stage.upload(ws.index_key_rows, std::span<const float* const>(index_key_rows), s.stream);
     ws.stage.upload(ws.index_bases, std::span<const int32_t>(index_bases), s.stream);
     float* scores = grow(ws.index_scores, std::max<int64_t>(1, S * max_visible));
     s.k.index(index_q, index_w, S, c.index_n_heads, c.index_head_dim, nullptr, ws.index_visible.data(), max_visible,
-              c.index_topk, 0, ws.index_offsets.data(), ws.key_index.data(), scores, ws.index_key_rows.data(),
+              c.index_topk, 0, ws.index_offsets.data(), ws.key_index.data(), scores, index_tables,
               ws.index_bases.data(), s.stream);
   }
   s.mark("attention: attend, inverse rope");
@@ -652,13 +683,13 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     const int64_t n = std::min(group, S - r);
     attend(q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
            ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
-           o + r * H * hd, scratch, longest, ws.key_rows.data() + r, s.stream);
+           o + r * H * hd, scratch, longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
   }
   for (const Part& part : parts) {  // then the ring keeps the newest keys
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t end = part.start + part.count;
     for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
-      jobs.push_back({st.keys.data() + (p % sw) * hd, kv + (part.row + p - part.start) * hd, hd});
+      jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
     }
   }
   copy_jobs(s, jobs);
@@ -811,7 +842,8 @@ uint64_t DeviceSequence::state_bytes() const {
     return c.pending_kv.bytes() + c.pending_gate.bytes() + c.previous_kv.bytes() + c.previous_gate.bytes();
   };
   for (const DeviceLayerState& l : layers) {
-    bytes += l.keys.bytes() + l.index_keys.bytes() + compressor(l.compressor) + compressor(l.indexer);
+    bytes += l.ring.bytes() + l.entries.bytes() + l.index_keys.bytes() + compressor(l.compressor) +
+             compressor(l.indexer);
   }
   return bytes;
 }
@@ -838,6 +870,7 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   m->share_ = std::move(share);
   check_api(cudaSetDevice(device), "cudaSetDevice");
   check_api(cudaStreamCreate(&m->stream_), "cudaStreamCreate");
+  m->pool_ = std::make_shared<DeviceBlockPool>(device, model.state_block_floats(), m->stream_);
   m->top_kernels_ = std::make_unique<Kernels>(bind_layer(m->plan_, -1));
   for (int l = 0; l < c.num_hidden_layers; ++l) m->layer_kernels_.push_back(bind_layer(m->plan_, l));
   m->has_draft_ = !model.tensors().mtp.empty();
@@ -953,24 +986,58 @@ GpuModel::~GpuModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-DeviceCompressorState DeviceCompressorState::copy() const {
-  return {count, pending, pending_kv.copy(), pending_gate.copy(), previous_kv.copy(), previous_gate.copy()};
+DeviceSequence GpuModel::clone(const DeviceSequence& sequence) const { return sequence; }
+
+namespace {
+
+// Blocks a compressor may take for `n` more tokens: its new entries (in `entries`), its
+// open window and (CSA, when a window closes) previous series at ratio rows, and a copy
+// of every shared block it writes.
+int64_t compressor_blocks(const DeviceCompressor& w, const DeviceCompressorState& st, const DevicePagedRows& entries,
+                          int64_t n) {
+  int64_t blocks = entries.blocks_to_grow(st.count + (st.pending + n) / w.ratio, false);
+  blocks += st.pending_kv.blocks_to_grow(w.ratio, true) + st.pending_gate.blocks_to_grow(w.ratio, true);
+  if (w.overlapping && st.pending + n >= w.ratio) {
+    blocks += st.previous_kv.blocks_to_grow(w.ratio, true) + st.previous_gate.blocks_to_grow(w.ratio, true);
+  }
+  return blocks;
 }
 
-DeviceLayerState DeviceLayerState::copy() const {
-  return {keys.copy(), chunk_rows, entry_rows, compressor.copy(), indexer.copy(), index_keys.copy()};
-}
+}  // namespace
 
-DeviceSequence GpuModel::clone(const DeviceSequence& sequence) const {
-  check_api(cudaSetDevice(device_), "cudaSetDevice");
-  DeviceSequence out{sequence.length, {}, sequence.draft_length};
-  for (const DeviceLayerState& l : sequence.layers) out.layers.push_back(l.copy());
-  return out;
+int64_t GpuModel::blocks_needed(const DeviceSequence& seq, int64_t n) const {
+  const ModelConfig& c = config();
+  int64_t blocks = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Layer& L = layers_[l];
+    const DeviceLayerState& st = seq.layers[l];
+    blocks += st.ring.blocks_to_grow(c.sliding_window, true);
+    if (L.compressor) blocks += compressor_blocks(*L.compressor, st.compressor, st.entries, n);
+    if (L.index_compressor) blocks += compressor_blocks(*L.index_compressor, st.indexer, st.index_keys, n);
+  }
+  return blocks;
 }
 
 DeviceSequence GpuModel::new_sequence() const {
+  const ModelConfig& c = config();
+  const auto compressor = [&](const std::optional<DeviceCompressor>& w) {
+    DeviceCompressorState st;
+    if (!w) return st;
+    for (DevicePagedRows* r : {&st.pending_kv, &st.pending_gate, &st.previous_kv, &st.previous_gate}) {
+      *r = DevicePagedRows(pool_, w->width());
+    }
+    return st;
+  };
   DeviceSequence s;
-  s.layers.resize(static_cast<size_t>(config().num_hidden_layers + (has_draft_ ? 1 : 0)));
+  for (int l = 0; l < c.num_hidden_layers + (has_draft_ ? 1 : 0); ++l) {
+    const Layer& L = layers_[l];
+    DeviceLayerState& st = s.layers.emplace_back();
+    st.ring = DevicePagedRows(pool_, c.head_dim);
+    if (L.compressor) st.entries = DevicePagedRows(pool_, c.head_dim);
+    if (L.index_compressor) st.index_keys = DevicePagedRows(pool_, c.index_head_dim);
+    st.compressor = compressor(L.compressor);
+    st.indexer = compressor(L.index_compressor);
+  }
   return s;
 }
 
@@ -1238,16 +1305,15 @@ void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count
   for (size_t i = 0; i < count; ++i) {
     const DeviceLayerState& st = seq.layers[first + i];
     DeviceMark::Layer& ml = mark.layers[i];
-    ml.ring_empty = st.keys.size() == 0;
+    ml.ring_empty = st.ring.empty();
     float* ring = grow(ml.ring, ahead * hd);
     for (int64_t p = length; p < length + ahead && !ml.ring_empty; ++p) {
-      check_api(cudaMemcpyAsync(ring + (p - length) * hd, st.keys.data() + (p % sw) * hd, hd * kF,
-                                cudaMemcpyDeviceToDevice, stream_),
+      check_api(cudaMemcpyAsync(ring + (p - length) * hd, st.ring.row(p % sw), hd * kF, cudaMemcpyDeviceToDevice,
+                                stream_),
                 "cudaMemcpyAsync");
     }
-    copy_state(ml.compressor, st.compressor, stream_);
-    copy_state(ml.indexer, st.indexer, stream_);
-    ml.index_floats = st.index_keys.size();
+    ml.compressor = st.compressor;  // shares the blocks of the open window and previous series
+    ml.indexer = st.indexer;
   }
 }
 
@@ -1258,13 +1324,14 @@ void GpuModel::restore_layers(DeviceSequence& seq, size_t first, const DeviceMar
     DeviceLayerState& st = seq.layers[first + i];
     const DeviceMark::Layer& ml = mark.layers[i];
     for (int64_t p = mark.length + keep; p < mark.length + mark.ahead && !ml.ring_empty; ++p) {
-      check_api(cudaMemcpyAsync(st.keys.data() + (p % sw) * hd, ml.ring.data() + (p - mark.length) * hd, hd * kF,
+      check_api(cudaMemcpyAsync(st.ring.write_row(p % sw), ml.ring.data() + (p - mark.length) * hd, hd * kF,
                                 cudaMemcpyDeviceToDevice, stream_),
                 "cudaMemcpyAsync");
     }
-    copy_state(st.compressor, ml.compressor, stream_);
-    copy_state(st.indexer, ml.indexer, stream_);
-    st.index_keys.resize(ml.index_floats);
+    st.compressor = ml.compressor;
+    st.indexer = ml.indexer;
+    st.entries.resize(ml.compressor.count);
+    st.index_keys.resize(ml.indexer.count);
   }
 }
 
@@ -1274,7 +1341,6 @@ void GpuModel::mark(const DeviceSequence& seq, int64_t ahead, DeviceMark& mark) 
 
 void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJournal& journal, int64_t keep) const {
   const ModelConfig& c = config();
-  const int64_t sw = c.sliding_window, hd = c.head_dim;
   if (journal.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
     fail(ErrorCode::usage, {}, "a rewind needs the journal of the verification it undoes");
   }
@@ -1293,14 +1359,12 @@ void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJ
     std::vector<CopyJob> jobs;
     ClosingWindows closing, index_closing;
     if (L.compressor) {
-      compress(*L.compressor, st.compressor, saved[0].data(), saved[1].data(), keep,
-               st.keys.data() + (sw + st.chunk_rows) * hd, jobs, closing);
+      compress(*L.compressor, st.compressor, saved[0].data(), saved[1].data(), keep, st.entries, jobs, closing);
       close_windows(s, *L.compressor, closing);
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
-      resize_entries(st.index_keys, st.indexer.count + (st.indexer.pending + keep) / ic.ratio, ic.dim);
-      compress(ic, st.indexer, saved[2].data(), saved[3].data(), keep, st.index_keys.data(), jobs, index_closing);
+      compress(ic, st.indexer, saved[2].data(), saved[3].data(), keep, st.index_keys, jobs, index_closing);
       close_windows(s, ic, index_closing);
     }
     copy_jobs(s, jobs);

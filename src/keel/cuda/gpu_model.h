@@ -1,19 +1,22 @@
 // A DeepSeek-V4 model on one GPU: the forward pass of model/forward.cpp with every op
 // run by the CUDA kernels the plan chose for the device's architecture, weights in
 // device memory in their stored formats, and each sequence's state (sliding ring,
-// compressed entries, indexer keys, open windows) in device memory. The CPU Model is
-// the reference it is tested against (tests/gpu/test_gpu_model.cpp).
+// compressed entries, indexer keys, open windows) in the blocks of a device pool
+// (cuda/device_block_pool.h), reached by the kernels through block tables. The CPU
+// Model is the reference it is tested against (tests/gpu/test_gpu_model.cpp).
 //
 // Several sequences run as one batch: projections, experts, mHC and the head run over
 // the rows of every chunk at once (each weight read once per step); attention and the
-// indexer run in one launch over all rows, each row reading its own sequence's keys;
-// compressors that close a window run per sequence.
+// indexer run in one launch over all rows, each row reading its own sequence's keys
+// (its ring, its chunk's keys in place, its entries) through a block table;
+// compressor windows that close in the step are pooled for all sequences at once.
 //
 // The MTP layer runs after the trunk's layers as a draft-role layer (draft, verify,
 // mark/rewind for speculative decoding, cuda/speculative_target.h).
 //
 // What is not here yet: tensor-core attention for prefill (the decode kernel runs per
-// query token), CUDA graphs, paged state, and speculation inside the batched engine.
+// query token), CUDA graphs (the block tables are built on the host each step), and
+// speculation inside the batched engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_block_pool.h"
 #include "cuda/device_buffer.h"
 #include "cuda/linear.h"
 #include "cuda/rope.h"
@@ -37,23 +41,22 @@
 
 namespace keel::cuda {
 
-// One compressor's state (model/sequence.h's CompressorState, on the device).
+// One compressor's state (model/sequence.h's CompressorState, on the device). Every row
+// array lives in the model's paged state pool (cuda/device_block_pool.h): copies share
+// blocks until one side writes.
 struct DeviceCompressorState {
   int64_t count = 0;  // entries made
   int pending = 0;    // rows of the open window
-  DeviceBuffer<float> pending_kv, pending_gate;  // [pending, width], gate without bias
-  DeviceBuffer<float> previous_kv, previous_gate;  // CSA: the last closed window's rows
-  DeviceCompressorState copy() const;
+  DevicePagedRows pending_kv, pending_gate;    // [ratio, width] once used: the open window's rows, gate without bias
+  DevicePagedRows previous_kv, previous_gate;  // CSA: [ratio, width], the last closed window's rows
 };
 
 struct DeviceLayerState {
-  // Key rows of head_dim: [sliding_window ring | the running chunk | compressed entries].
-  DeviceBuffer<float> keys;
-  int64_t chunk_rows = 0, entry_rows = 0;  // capacities of the last two regions
+  DevicePagedRows ring;     // [sliding_window, head_dim] once used: position p in slot p % sliding_window
+  DevicePagedRows entries;  // compressed entries, [compressor.count, head_dim]
   DeviceCompressorState compressor;
   DeviceCompressorState indexer;
-  DeviceBuffer<float> index_keys;  // CSA: [indexer.count, index_head_dim]
-  DeviceLayerState copy() const;
+  DevicePagedRows index_keys;  // CSA: [indexer.count, index_head_dim]
 };
 
 struct DeviceSequence {
@@ -62,7 +65,7 @@ struct DeviceSequence {
   // which has run `draft_length` positions (Model's Sequence::draft).
   std::vector<DeviceLayerState> layers;
   int64_t draft_length = 0;
-  uint64_t state_bytes() const;  // device bytes held
+  uint64_t state_bytes() const;  // bytes of the blocks held (shared ones counted in each holder)
 };
 
 // A verification's compressor inputs per trunk layer (kv, gate of the compressor, then of
@@ -73,13 +76,13 @@ struct DeviceJournal {
 };
 
 // What rewinding needs (model/sequence.h's SequenceMark, on the device): the ring rows
-// the next tokens overwrite and each compressor's open window, carry and count.
+// the next tokens overwrite and each compressor's open window, carry and count (its rows
+// kept by sharing their blocks).
 struct DeviceMark {
   struct Layer {
     DeviceBuffer<float> ring;  // the rows of positions [length, length + ahead)
     bool ring_empty = false;
     DeviceCompressorState compressor, indexer;
-    size_t index_floats = 0;
   };
   int64_t length = 0, ahead = 0;
   std::vector<Layer> layers;
@@ -124,7 +127,13 @@ class GpuModel {
 
   DeviceSequence new_sequence() const;
   // An independent copy of `sequence` (every buffer), on this model's device.
-  DeviceSequence clone(const DeviceSequence& sequence) const;
+  DeviceSequence clone(const DeviceSequence& sequence) const;  // shares its blocks
+  // The pool every sequence of this model takes its state blocks from.
+  DeviceBlockPool& state_pool() const { return *pool_; }
+  // At most how many blocks a forward of `tokens` more on `sequence` takes from the pool
+  // (new rows, and copies of shared blocks it writes): what the serving engine keeps free
+  // before a step (Model::blocks_needed on the CPU).
+  int64_t blocks_needed(const DeviceSequence& sequence, int64_t tokens) const;
 
   // As Model::forward: runs `tokens` after what `sequence` holds and returns their
   // logits (copied to the host). Not safe to call from two threads at once.
@@ -211,6 +220,7 @@ class GpuModel {
   DeviceWeight embed_{}, head_{};
   DeviceBuffer<float> norm_, head_fn_, head_base_, head_scale_;
   std::unique_ptr<Workspace> work_;
+  std::shared_ptr<DeviceBlockPool> pool_;
   mutable std::map<std::string, double> profile_;
 };
 

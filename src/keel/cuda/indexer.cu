@@ -32,7 +32,7 @@ static_assert(kHeadGroups * 4 == kHeadTile && kKeyTile == kHeadTile, "one stagin
 __global__ void __launch_bounds__(kScoreThreads)
     score_keys(const float* __restrict__ q, const float* __restrict__ weights, int heads, int key_dim,
                const float* __restrict__ keys, const int32_t* __restrict__ visible, int64_t max_visible, int k,
-               float scale, float* __restrict__ scores, const float* const* __restrict__ key_rows) {
+               float scale, float* __restrict__ scores, PagedTables paged) {
   __shared__ __align__(16) float qs[kDimChunk][kRow];
   __shared__ __align__(16) float ks[kDimChunk][kRow];
   __shared__ float partial[kHeadGroups][kKeyTile];
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int64_t n = min(int64_t{visible[t]}, max_visible);
   const int64_t w0 = int64_t{blockIdx.y} * kKeyTile;
   if (n <= k || w0 >= n) return;
-  if (key_rows) keys = key_rows[t];
+  const float* const* table = paged.tables ? paged.tables[t] : nullptr;
   const int tx = threadIdx.x % kKeyGroups, ty = threadIdx.x / kKeyGroups;
   const float* qt = q + t * heads * key_dim;
 
@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(kScoreThreads)
         const int h = h0 + r;
         const int64_t w = w0 + r;
         qs[d][r] = h < heads && dd < key_dim ? qt[int64_t{h} * key_dim + dd] : 0.0f;
-        ks[d][r] = w < n && dd < key_dim ? keys[w * key_dim + dd] : 0.0f;
+        const float* key = w >= n ? nullptr : table ? paged_row(table, paged.rows_per_block, w, key_dim) : keys + w * key_dim;
+        ks[d][r] = key && dd < key_dim ? key[dd] : 0.0f;
       }
       __syncthreads();
 #pragma unroll 8
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void indexer_select(const float* q, const float* weights, int64_t tokens, int heads, int key_dim,
                     const float* keys, const int32_t* visible, int64_t max_visible, int k, int32_t index_base,
-                    const int32_t* out_offsets, int32_t* out, float* scores, const float* const* key_rows,
+                    const int32_t* out_offsets, int32_t* out, float* scores, PagedTables paged,
                     const int32_t* base_rows, void* stream) {
   if (heads <= 0 || key_dim <= 0) {
     throw std::runtime_error("cuda::indexer_select: heads " + std::to_string(heads) + " and key_dim " +
@@ -255,6 +256,7 @@ void indexer_select(const float* q, const float* weights, int64_t tokens, int he
   }
   if (tokens <= 0 || k <= 0) return;
   if (tokens > 0x7fffffff) throw std::runtime_error("cuda::indexer_select: too many tokens");
+  if (paged.tables && paged.rows_per_block < 1) throw std::runtime_error("cuda::indexer_select: paged keys without rows per block");
   const int64_t tiles = (std::max(max_visible, int64_t{0}) + kKeyTile - 1) / kKeyTile;
   if (tiles > 65535) {
     throw std::runtime_error("cuda::indexer_select: max_visible " + std::to_string(max_visible) + " over " +
@@ -264,7 +266,7 @@ void indexer_select(const float* q, const float* weights, int64_t tokens, int he
   const float scale = 1.0f / std::sqrt(static_cast<float>(key_dim));  // as the CPU rounds it
   if (tiles > 0) {
     score_keys<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(tiles)), kScoreThreads, 0, s>>>(
-        q, weights, heads, key_dim, keys, visible, max_visible, k, scale, scores, key_rows);
+        q, weights, heads, key_dim, keys, visible, max_visible, k, scale, scores, paged);
     check(cudaGetLastError(), "indexer_select score launch");
   }
   select_top<<<static_cast<unsigned>(tokens), kSelectThreads, 0, s>>>(scores, max_visible, visible, k, index_base,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/paged_rows.h"
 #include "plan/kernel_registry.h"
 
 namespace keel::cuda {
@@ -17,13 +18,13 @@ namespace keel::cuda {
 // `scores` is scratch of tokens * max_visible floats (max_visible ≥ every visible[t]).
 // Work is linear in each visible[t] (score blocks past it leave at once); nothing past a
 // token's count is written.
-// With `key_rows` and `base_rows` (device arrays of `tokens` entries), token t scores the
-// keys at key_rows[t] and offsets its picks by base_rows[t]: tokens of several sequences,
-// each with its own keys, in one call.
+// With `paged` (a block table per token: cuda/paged_rows.h) and `base_rows` (device
+// array of `tokens` entries), token t scores the rows of its table and offsets its picks
+// by base_rows[t]: tokens of several sequences, each with its own paged keys, in one call.
 // Asynchronous on `stream`.
 void indexer_select(const float* q, const float* weights, int64_t tokens, int heads, int key_dim,
                     const float* keys, const int32_t* visible, int64_t max_visible, int k, int32_t index_base,
-                    const int32_t* out_offsets, int32_t* out, float* scores, const float* const* key_rows = nullptr,
+                    const int32_t* out_offsets, int32_t* out, float* scores, PagedTables paged = {},
                     const int32_t* base_rows = nullptr, void* stream = nullptr);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).

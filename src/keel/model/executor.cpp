@@ -49,10 +49,25 @@ std::unique_ptr<SpeculativeTarget> Executor::speculative_target() const {
   fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding is not available on " + device());
 }
 
+CpuExecutor::CpuExecutor(const Model& model)
+    : model_(model), pool_(std::make_shared<HostBlockPool>(model.state_block_floats())) {}
+
 std::unique_ptr<SequenceState> CpuExecutor::new_sequence() const {
   auto s = std::make_unique<CpuSequence>();
-  s->sequence = model_.new_sequence();
+  s->sequence = model_.new_sequence(pool_);
   return s;
+}
+
+uint64_t CpuExecutor::state_in_use() const { return static_cast<uint64_t>(pool_->used()) * pool_->block_bytes(); }
+
+uint64_t CpuExecutor::state_growth(const SequenceState* sequence, int64_t tokens) const {
+  const int64_t blocks = sequence ? model_.blocks_needed(static_cast<const CpuSequence*>(sequence)->sequence, tokens)
+                                  : model_.blocks_needed(model_.new_sequence(pool_), tokens);
+  return static_cast<uint64_t>(blocks) * pool_->block_bytes();
+}
+
+void CpuExecutor::limit_state(uint64_t bytes) const {
+  pool_->set_capacity(static_cast<int64_t>(std::min<uint64_t>(bytes / pool_->block_bytes(), INT64_MAX)));
 }
 
 std::unique_ptr<SequenceState> CpuExecutor::clone(const SequenceState& sequence) const {

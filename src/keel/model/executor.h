@@ -55,6 +55,17 @@ class Executor {
                                                                  std::span<const std::optional<RowChoice>> choices) const;
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
+
+  // Sequence state (docs/serve.md), in bytes: what every live sequence of this executor
+  // holds (copies and prefix snapshots included), and at most how much running `tokens`
+  // more on `sequence` (null: a fresh one) adds to it. On the CPU the state is paged
+  // (model/block_pool.h): blocks shared by copies count once, and both figures are
+  // block counts. On a GPU they count each sequence's device buffers.
+  virtual uint64_t state_in_use() const = 0;
+  virtual uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const = 0;
+  // The most state this executor may hold: past it, allocation fails with
+  // Error(out_of_memory) (the CPU's pool; a GPU's buffers have no such limit).
+  virtual void limit_state(uint64_t /*bytes*/) const {}
   // Speculative decoding's view of the model and a fresh sequence on this device
   // (model/speculative.h); Error(usage) where there is none (no MTP layer, several GPUs).
   virtual std::unique_ptr<SpeculativeTarget> speculative_target() const;
@@ -83,7 +94,8 @@ class Executor {
 
 class CpuExecutor final : public Executor {
  public:
-  explicit CpuExecutor(const Model& model) : model_(model) {}
+  // Sequences take state blocks from a pool of this executor's own.
+  explicit CpuExecutor(const Model& model);
   std::unique_ptr<SequenceState> new_sequence() const override;
   std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override;
   std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens,
@@ -95,6 +107,9 @@ class CpuExecutor final : public Executor {
                                                          std::span<const std::optional<RowChoice>> choices) const override;
   const Plan& plan() const override { return model_.plan(); }
   std::string device() const override;
+  uint64_t state_in_use() const override;
+  uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const override;
+  void limit_state(uint64_t bytes) const override;
   std::unique_ptr<SpeculativeTarget> speculative_target() const override {
     return std::make_unique<CpuSpeculativeTarget>(model_);
   }
@@ -103,6 +118,7 @@ class CpuExecutor final : public Executor {
  private:
   std::vector<std::vector<float>> run(std::span<const SequenceChunk> batch, std::span<const int64_t> head_rows) const;
   const Model& model_;
+  std::shared_ptr<HostBlockPool> pool_;
 };
 
 }  // namespace keel

@@ -90,30 +90,34 @@ void close_window(const Step& s, const CompressorWeights& w, CompressorState& st
   Buffer kv, gate;  // the window's slots, [slots, dim]
   const auto add_slot = [&](const float* v, const float* g, const float* bias) {
     kv.insert(kv.end(), v, v + dim);
-    for (int c = 0; c < dim; ++c) gate.push_back(g[c] + bias[c]);
+    if (!bias) {
+      gate.insert(gate.end(), g, g + dim);
+    } else {
+      for (int c = 0; c < dim; ++c) gate.push_back(g[c] + bias[c]);
+    }
   };
   const int half = w.overlapping ? dim : 0;  // CSA: this entry pools the second series
-  if (w.overlapping && !st.carry_kv.empty()) {
-    kv = st.carry_kv;
-    gate = st.carry_gate;
+  if (w.overlapping) {  // the carried series has its bias already
+    for (int64_t j = 0; j < st.carry_kv.size(); ++j) add_slot(st.carry_kv.row(j), st.carry_gate.row(j), nullptr);
   }
   for (int j = 0; j < m; ++j) {
-    add_slot(&st.pending_kv[j * width + half], &st.pending_gate[j * width + half], &w.ape[j * width + half]);
+    add_slot(st.pending_kv.row(j) + half, st.pending_gate.row(j) + half, &w.ape[j * width + half]);
   }
   if (w.overlapping) {  // the first series joins the next entry, bias included
-    st.carry_kv.clear();
-    st.carry_gate.clear();
+    st.carry_kv.resize(m);
+    st.carry_gate.resize(m);
     for (int j = 0; j < m; ++j) {
-      const float* v = &st.pending_kv[j * width];
-      st.carry_kv.insert(st.carry_kv.end(), v, v + dim);
-      for (int c = 0; c < dim; ++c) st.carry_gate.push_back(st.pending_gate[j * width + c] + w.ape[j * width + c]);
+      std::copy_n(st.pending_kv.row(j), dim, st.carry_kv.write_row(j));
+      const float* g = st.pending_gate.row(j);
+      float* out = st.carry_gate.write_row(j);
+      for (int c = 0; c < dim; ++c) out[c] = g[c] + w.ape[j * width + c];
     }
   }
   Buffer entry(dim);
   s.k.pool(kv, gate, static_cast<int>(kv.size() / dim), dim, entry);
   s.k.norm(entry, w.norm, s.eps(), entry);
   s.rope.apply(entry, st.count * m);  // an entry sits at its window's start
-  st.entries.insert(st.entries.end(), entry.begin(), entry.end());
+  st.entries.push_back(entry.data());
   ++st.count;
   st.pending = 0;
   st.pending_kv.clear();
@@ -125,8 +129,8 @@ void append(const Step& s, const CompressorWeights& w, CompressorState& st, cons
             int64_t n) {
   const int width = w.width();
   for (int64_t t = 0; t < n; ++t) {
-    st.pending_kv.insert(st.pending_kv.end(), &kv[t * width], &kv[(t + 1) * width]);
-    st.pending_gate.insert(st.pending_gate.end(), &gate[t * width], &gate[(t + 1) * width]);
+    st.pending_kv.push_back(&kv[t * width]);
+    st.pending_gate.push_back(&gate[t * width]);
     if (++st.pending == w.ratio) close_window(s, w, st);
   }
 }
@@ -201,19 +205,21 @@ std::vector<const float*> key_set(const Step& s, const AttentionWeights& a, cons
   const int64_t position = s.position(t);
   std::vector<const float*> keys;
   for (int64_t j = std::max<int64_t>(0, position - sw + 1); j <= position; ++j) {
-    keys.push_back(j >= part.start ? &qs.kv[(part.row + j - part.start) * hd] : &st.window[(j % sw) * hd]);
+    keys.push_back(j >= part.start ? &qs.kv[(part.row + j - part.start) * hd] : st.window.row(j % sw));
   }
   if (!a.compressor) return keys;
   const int64_t visible = (position + 1) / a.compressor->ratio;
-  const float* entries = st.compressor.entries.data();
+  const PagedRows& entries = st.compressor.entries;
   if (!a.indexer) {
-    for (int64_t w = 0; w < visible; ++w) keys.push_back(entries + w * hd);
+    for (int64_t w = 0; w < visible; ++w) keys.push_back(entries.row(w));
     return keys;
   }
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  std::vector<const float*> index_keys;
+  st.indexer.entries.row_pointers(visible, index_keys);
   const auto picked = s.k.index(std::span(&iq->q[t * nI * dI], nI * dI), std::span(&iq->weights[t * nI], nI),
-                                     c.index_n_heads, c.index_head_dim, st.indexer.entries, visible, c.index_topk);
-  for (int64_t w : picked) keys.push_back(entries + w * hd);
+                                c.index_n_heads, c.index_head_dim, index_keys, c.index_topk);
+  for (int64_t w : picked) keys.push_back(entries.row(w));
   return keys;
 }
 
@@ -224,7 +230,7 @@ void remember_window(const Step& s, const Buffer& kv) {
     const Part& part = s.parts[i];
     const int64_t end = part.start + part.count;
     for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
-      std::copy_n(&kv[(part.row + p - part.start) * hd], hd, &s.states[i]->window[(p % sw) * hd]);
+      std::copy_n(&kv[(part.row + p - part.start) * hd], hd, s.states[i]->window.write_row(p % sw));
     }
   }
 }
@@ -240,7 +246,7 @@ Buffer attention(const Step& s, const AttentionWeights& a, ConstRows x, LayerJou
     iq = index_queries(s, *a.indexer, qs.qr, x);
   }
   for (LayerState* st : s.states) {
-    if (st->window.empty()) st->window.resize(static_cast<size_t>(c.sliding_window * hd));
+    if (st->window.empty()) st->window.resize(c.sliding_window);
   }
 
   Buffer o(static_cast<size_t>(s.count * H * hd));

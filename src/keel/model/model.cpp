@@ -9,11 +9,19 @@ namespace {
 
 uint64_t tensor_bytes(const Weight& w) { return w.data.nbytes() + (w.scale.data ? w.scale.nbytes() : 0); }
 
-uint64_t floats_bytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
-
-uint64_t compressor_bytes(const CompressorState& s) {
-  return floats_bytes(s.entries) + floats_bytes(s.pending_kv) + floats_bytes(s.pending_gate) +
-         floats_bytes(s.carry_kv) + floats_bytes(s.carry_gate);
+// Blocks one compressor may take for `n` more tokens: its new entries, an open window
+// of up to `ratio` rows (kv and gate, every block possibly reopened), the carried
+// series rewritten, and a copy of every shared block it writes.
+int64_t compressor_blocks(const CompressorState& st, int ratio, int64_t n) {
+  const int64_t entries = st.count + (st.pending + n) / ratio;
+  int64_t blocks = st.entries.blocks_to_grow(entries, false);
+  for (const PagedRows* r : {&st.pending_kv, &st.pending_gate}) {
+    blocks += r->blocks_to_grow(ratio, true) + static_cast<int64_t>(r->blocks().size());
+  }
+  if (st.pending + n >= ratio) {
+    for (const PagedRows* r : {&st.carry_kv, &st.carry_gate}) blocks += r->blocks_to_grow(ratio, true);
+  }
+  return blocks;
 }
 
 // Reads one byte per page so the checkpoint is in memory before the first token.
@@ -39,16 +47,6 @@ void prefault(const ModelWeights& weights, const Model::Progress& progress) {
 
 }  // namespace
 
-uint64_t Sequence::state_bytes() const {
-  uint64_t bytes = 0;
-  for (const auto* group : {&layers, &draft}) {
-    for (const LayerState& l : *group) {
-      bytes += floats_bytes(l.window) + compressor_bytes(l.compressor) + compressor_bytes(l.indexer);
-    }
-  }
-  return bytes;
-}
-
 std::unique_ptr<Model> Model::load(const std::string& directory, const Progress& progress,
                                    const BackendChoices& target, const BackendChoices& draft) {
   std::unique_ptr<Model> m(new Model);
@@ -67,15 +65,43 @@ std::unique_ptr<Model> Model::load(const std::string& directory, const Progress&
   }
   m->rope_main_ = Rope(m->config_.rope_main);
   m->rope_compress_ = Rope(m->config_.rope_compress);
+  m->pool_ = std::make_shared<HostBlockPool>(m->state_block_floats());
   if (progress) prefault(*m->weights_, progress);
   return m;
 }
 
-Sequence Model::new_sequence() const {
+Sequence Model::new_sequence(std::shared_ptr<HostBlockPool> pool) const {
+  const ModelConfig& c = config_;
+  if (!pool) pool = pool_;
+  if (pool->block_floats() != state_block_floats()) fail(ErrorCode::usage, {}, "a state pool of another block size");
+  const auto layer = [&](int l) {
+    LayerState st;
+    st.window = PagedRows(pool, c.head_dim);
+    if (c.attention[l] == AttentionKind::heavily_compressed) st.compressor = CompressorState(pool, c.head_dim, false);
+    if (c.attention[l] == AttentionKind::compressed_sparse) {
+      st.compressor = CompressorState(pool, c.head_dim, true);
+      st.indexer = CompressorState(pool, c.index_head_dim, true);
+    }
+    return st;
+  };
   Sequence s;
-  s.layers.resize(static_cast<size_t>(config_.num_hidden_layers));
-  s.draft.resize(has_draft() ? 1 : 0);
+  for (int l = 0; l < c.num_hidden_layers; ++l) s.layers.push_back(layer(l));
+  if (has_draft()) s.draft.push_back(layer(c.num_hidden_layers));
   return s;
+}
+
+int64_t Model::blocks_needed(const Sequence& seq, int64_t tokens) const {
+  const ModelConfig& c = config_;
+  int64_t blocks = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerState& st = seq.layers[l];
+    blocks += st.window.blocks_to_grow(c.sliding_window, true);
+    const int m = c.compress_ratio(l);
+    if (m == 0) continue;
+    blocks += compressor_blocks(st.compressor, m, tokens);
+    if (c.attention[l] == AttentionKind::compressed_sparse) blocks += compressor_blocks(st.indexer, m, tokens);
+  }
+  return blocks;
 }
 
 double Model::state_bytes_per_token() const {

@@ -66,7 +66,15 @@ class Model {
   const ModelTensors& tensors() const { return tensors_; }
   const Plan& plan() const { return plan_; }
 
-  Sequence new_sequence() const;
+  // A fresh sequence whose state takes blocks from `pool` (null: the model's own pool,
+  // which has no capacity limit), a pool of state_block_floats() blocks.
+  Sequence new_sequence(std::shared_ptr<HostBlockPool> pool = nullptr) const;
+  // A state block holds 16 rows of head_dim floats (the widest rows are two of them).
+  int64_t state_block_floats() const { return 16 * int64_t{config_.head_dim}; }
+  // At most how many blocks running `tokens` more on `sequence` takes from its pool
+  // (new rows, blocks copied because a snapshot still shares them, open windows that
+  // close and reopen): what a step must have free before it runs.
+  int64_t blocks_needed(const Sequence& sequence, int64_t tokens) const;
 
   // Runs `tokens` after what `sequence` holds and returns their logits, [tokens, vocab]
   // (or only the last row). Throws Error(bad_input) for ids outside the vocabulary, an
@@ -133,6 +141,7 @@ class Model {
   LayerKernels draft_top_kernels_;           // the draft's embedding and lm_head
   Rope rope_main_;      // sliding layers
   Rope rope_compress_;  // CSA / HCA layers
+  std::shared_ptr<HostBlockPool> pool_;  // new_sequence's default
 };
 
 }  // namespace keel

@@ -6,26 +6,34 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "model/block_pool.h"
 
 namespace keel {
 
+// Every row array below lives in the blocks of the sequence's state pool (block_pool.h):
+// copies of a sequence share blocks until one of them writes.
 struct CompressorState {
-  std::vector<float> entries;  // [count, dim]: pooled, normalized, rotated to the window start
+  PagedRows entries;  // [count, dim]: pooled, normalized, rotated to the window start
   int64_t count = 0;
   // Projections of the tokens of the open window, [pending, width]; gate logits are
   // kept without the position bias (added when the window closes).
-  std::vector<float> pending_kv, pending_gate;
+  PagedRows pending_kv, pending_gate;
   int pending = 0;
   // CSA: the closed window's first-half series, which the next entry pools too; gate
   // logits with their position bias. [ratio, dim] each, empty before the first window.
-  std::vector<float> carry_kv, carry_gate;
+  PagedRows carry_kv, carry_gate;
+
+  CompressorState() = default;
+  CompressorState(const std::shared_ptr<HostBlockPool>& pool, int64_t dim, bool overlapping);
 };
 
 struct LayerState {
-  std::vector<float> window;  // ring of K=V vectors: position p in slot p % sliding_window
+  PagedRows window;  // ring of K=V vectors: position p in slot p % sliding_window
   CompressorState compressor;
-  CompressorState indexer;    // CSA: index keys
+  CompressorState indexer;  // CSA: index keys
 };
 
 struct Sequence {
@@ -37,21 +45,23 @@ struct Sequence {
   std::vector<LayerState> draft;
   int64_t draft_length = 0;
 
-  // Bytes held, for reports and tests of growth.
+  // Bytes of the blocks held (blocks shared with a copy counted in each).
   uint64_t state_bytes() const;
+  // Appends the ids of every block held (with repeats where two arrays share one).
+  void block_ids(std::vector<int32_t>& out) const;
 };
 
 // What rewinding a sequence to an earlier length needs, taken before tokens run on it
 // (speculative decoding's verification, which may keep only some of them): the ring
 // rows those tokens overwrite, and each compressor's open window, carry and count. The
 // compressors' entries are truncated, and the kept tokens' projections replayed
-// (Model::rewind), so no state ever has to be copied whole.
+// (Model::rewind), so no state ever has to be copied whole: the open windows and carries
+// are kept by sharing their blocks.
 struct SequenceMark {
   struct Compressor {
     int64_t count = 0;
-    size_t entry_floats = 0;
     int pending = 0;
-    std::vector<float> pending_kv, pending_gate, carry_kv, carry_gate;
+    PagedRows pending_kv, pending_gate, carry_kv, carry_gate;  // shared blocks, not copies
   };
   struct Layer {
     std::vector<float> ring_rows;  // the slots of positions [length, length + ahead), in order

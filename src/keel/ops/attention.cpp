@@ -35,11 +35,12 @@ void attend(std::span<const float> q, int heads, int head_dim, std::span<const f
 }
 
 std::vector<int64_t> indexer_select(std::span<const float> q, std::span<const float> weights, int heads,
-                                    int key_dim, std::span<const float> keys, int64_t visible, int k) {
+                                    int key_dim, std::span<const float* const> keys, int k) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(key_dim));
+  const auto visible = static_cast<int64_t>(keys.size());
   std::vector<float> score(visible);
   for (int64_t w = 0; w < visible; ++w) {
-    const float* key = keys.data() + w * key_dim;
+    const float* key = keys[w];
     float sum = 0.0f;
     for (int h = 0; h < heads; ++h) {
       sum += weights[h] * std::max(dot(q.data() + h * key_dim, key, key_dim), 0.0f) * scale;

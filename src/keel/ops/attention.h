@@ -14,10 +14,10 @@ namespace keel {
 void attend(std::span<const float> q, int heads, int head_dim, std::span<const float* const> keys,
             std::span<const float> sinks, float scale, std::span<float> out);
 
-// score_w = Σ_h weight_h · ReLU(q_h · key_w) · key_dim^-0.5 for the first `visible`
-// entries of `keys` ([*, key_dim]); returns the indices of the min(k, visible) highest
-// scores (ties: the lower index first).
+// score_w = Σ_h weight_h · ReLU(q_h · key_w) · key_dim^-0.5 for every entry of `keys`
+// (the visible ones, key_dim floats each); returns the indices of the min(k, visible)
+// highest scores (ties: the lower index first).
 std::vector<int64_t> indexer_select(std::span<const float> q, std::span<const float> weights, int heads,
-                                    int key_dim, std::span<const float> keys, int64_t visible, int k);
+                                    int key_dim, std::span<const float* const> keys, int k);
 
 }  // namespace keel

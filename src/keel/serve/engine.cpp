@@ -89,6 +89,7 @@ void Engine::start() {
     fail(ErrorCode::usage, {.field = "engine limits"},
          "max running, step tokens, prefill chunk and prefix block must be >= 1, max queued >= 0");
   }
+  executor_->limit_state(limits_.state_bytes);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -143,6 +144,7 @@ EngineStats Engine::stats() const {
   return {.queued = queue_.size(),
           .running = running_count_.load(),
           .state_bytes = state_bytes_.load(),
+          .state_in_use = state_in_use_.load(),
           .preemptions = metrics_.preemptions.load()};
 }
 
@@ -245,6 +247,55 @@ auto lowest_priority(Requests& running) {
   });
 }
 
+// The state a queued request needs before it is admitted: its size when it was
+// preempted, or what its first prompt chunk adds to a fresh sequence.
+uint64_t Engine::admission_bytes(const Active& a) const {
+  if (a.need_bytes) return a.need_bytes;
+  const auto first = std::min<int64_t>(static_cast<int64_t>(a.tokens.size()), limits_.prefill_chunk);
+  return executor_->state_growth(nullptr, first);
+}
+
+// Whether `need()` more state fits the budget, evicting prefix snapshots (least
+// recently used first) until it does or none is left. The need is asked again after each
+// eviction: blocks a snapshot no longer shares need no copy.
+bool Engine::make_room(const std::function<uint64_t()>& need) {
+  while (executor_->state_in_use() + need() > limits_.state_bytes) {
+    if (!prefix_cache_.evict_oldest()) return false;
+  }
+  return true;
+}
+
+// Before a step runs, the state it may add must fit: prefix snapshots go first, then the
+// lowest-priority running requests (preempted: their work leaves the step). A request
+// that cannot fit even alone ends with an error. So the forward never runs out of state
+// memory part-way (on the CPU the pool's capacity is the budget: it would fail).
+void Engine::reserve_state(std::vector<std::pair<Active*, int>>& work) {
+  const auto growth = [&] {
+    uint64_t bytes = 0;
+    for (const auto& [a, n] : work) bytes += executor_->state_growth(a->sequence.get(), n);
+    return bytes;
+  };
+  while (!make_room(growth)) {
+    if (running_.size() > 1) {
+      const auto lowest = lowest_priority(running_);
+      std::erase_if(work, [&](const auto& w) { return w.first == lowest->get(); });
+      std::unique_ptr<Active> a = std::move(*lowest);
+      running_.erase(lowest);
+      std::lock_guard lock(mutex_);
+      preempt(std::move(a));
+      continue;
+    }
+    const uint64_t in_use = executor_->state_in_use(), need = growth();
+    for (const auto& [a, n] : work) {
+      finish(*a, Finish::error,
+             fmt::format("the request's state would grow to {} bytes, past the state budget ({} bytes)",
+                         in_use + need, limits_.state_bytes));
+    }
+    work.clear();
+    return;
+  }
+}
+
 // Drops a running request's state and queues it again, first of its priority (the
 // caller holds mutex_). It is recomputed from its prompt and the tokens it generated.
 void Engine::preempt(std::unique_ptr<Active> a) {
@@ -279,11 +330,10 @@ bool Engine::step() {
         ++it;
       }
     }
-    uint64_t bytes = state_bytes_.load();
     while (!queue_.empty()) {
       Active& a = *queue_.front();
       const bool room = running_.size() < static_cast<size_t>(limits_.max_running) &&
-                        (running_.empty() || bytes + a.need_bytes <= limits_.state_bytes);
+                        (running_.empty() || make_room([&] { return admission_bytes(a); }));
       if (!room) {
         // No room: a waiting request of higher priority (a smaller value) than the lowest
         // running one takes its place; the preempted one is recomputed later, exactly.
@@ -291,11 +341,9 @@ bool Engine::step() {
         if (lowest == running_.end() || (*lowest)->request.priority <= a.request.priority) break;
         std::unique_ptr<Active> out = std::move(*lowest);
         running_.erase(lowest);
-        bytes -= std::min(bytes, out->sequence->bytes());
         preempt(std::move(out));
         continue;
       }
-      bytes += a.need_bytes;
       if (a.order == 0) metrics_.prompt_tokens += a.request.prompt.size();
       a.order = ++next_order_;
       a.sequence = resume(a.request.prompt);
@@ -310,6 +358,7 @@ bool Engine::step() {
     if (a->handle->cancelled()) finish(*a, Finish::cancelled);
     else if (now > a->deadline) finish(*a, Finish::timeout);
   }
+  std::erase_if(running_, [](const auto& a) { return a->done; });
 
   // The step's work: every decoding request one token, then prompt chunks.
   int budget = limits_.step_tokens;
@@ -332,6 +381,7 @@ bool Engine::step() {
     work.emplace_back(a.get(), n);
     budget -= n;
   }
+  reserve_state(work);
   metrics_.steps++;
   if (!work.empty()) {
     metrics_.batch_size.observe(static_cast<double>(work.size()));
@@ -367,25 +417,10 @@ bool Engine::step() {
 
   std::erase_if(running_, [](const auto& a) { return a->done; });
 
-  // Over the state budget: preempt the newest until it fits (one request always runs).
-  uint64_t bytes = 0;
-  for (const auto& a : running_) bytes += a->sequence->bytes();
-  while (bytes > limits_.state_bytes && running_.size() > 1) {
-    const auto lowest = lowest_priority(running_);
-    std::unique_ptr<Active> a = std::move(*lowest);
-    running_.erase(lowest);
-    bytes -= a->sequence->bytes();
-    std::lock_guard lock(mutex_);
-    preempt(std::move(a));
-  }
-  if (bytes > limits_.state_bytes && running_.size() == 1) {
-    finish(*running_.front(), Finish::error,
-           fmt::format("the request's state ({} bytes) exceeds the state budget ({} bytes)",
-                       running_.front()->sequence->bytes(), limits_.state_bytes));
-    running_.clear();
-    bytes = 0;
-  }
-  state_bytes_ = bytes;
+  uint64_t running = 0;
+  for (const auto& a : running_) running += a->sequence->bytes();
+  state_bytes_ = running;
+  state_in_use_ = executor_->state_in_use();
   running_count_ = running_.size();
   metrics_.prefix_queries = prefix_cache_.queries();
   metrics_.prefix_hits = prefix_cache_.hits();
@@ -407,15 +442,17 @@ void Engine::write_metrics(std::string& out) const {
                 metrics_.prefix_hits.load());
   write_counter(out, "keel_prefix_cache_hit_tokens_total", "Prompt tokens not recomputed thanks to the prefix cache",
                 metrics_.prefix_hit_tokens.load());
-  write_gauge(out, "keel_prefix_cache_bytes", "Bytes held by prefix snapshots", static_cast<double>(metrics_.prefix_bytes.load()));
+  write_gauge(out, "keel_prefix_cache_bytes", "Bytes of the state the prefix snapshots refer to (blocks they share counted in each)", static_cast<double>(metrics_.prefix_bytes.load()));
   write_counter(out, "keel_preemptions_total", "Requests preempted (state dropped, recomputed later)", metrics_.preemptions.load());
   write_counter(out, "keel_engine_steps_total", "Engine steps", metrics_.steps.load());
   write_gauge(out, "keel_queue_depth", "Requests waiting", static_cast<double>(s.queued));
   write_gauge(out, "keel_running_requests", "Requests in the running batch", static_cast<double>(s.running));
   write_gauge(out, "keel_state_bytes", "Sequence-state bytes of the running requests", static_cast<double>(s.state_bytes));
+  write_gauge(out, "keel_state_in_use_bytes", "Sequence-state bytes in use: running requests and prefix snapshots",
+              static_cast<double>(s.state_in_use));
   write_gauge(out, "keel_state_budget_bytes", "Sequence-state byte budget", static_cast<double>(limits_.state_bytes));
-  write_gauge(out, "keel_state_usage_ratio", "Sequence-state bytes over the budget",
-              static_cast<double>(s.state_bytes) / static_cast<double>(std::max<uint64_t>(1, limits_.state_bytes)));
+  write_gauge(out, "keel_state_usage_ratio", "Sequence-state bytes in use over the budget",
+              static_cast<double>(s.state_in_use) / static_cast<double>(std::max<uint64_t>(1, limits_.state_bytes)));
   metrics_.ttft.write(out, "keel_time_to_first_token_seconds", "Time from submission to the first token");
   metrics_.tpot.write(out, "keel_time_per_output_token_seconds", "Time between consecutive tokens of a request");
   metrics_.e2e.write(out, "keel_e2e_request_latency_seconds", "Time from submission to the end");

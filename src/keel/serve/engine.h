@@ -4,26 +4,23 @@
 // Each step
 //   1. drops requests that were cancelled or passed their deadline (their state freed),
 //   2. admits queued requests, by priority and then in arrival order, while fewer than
-//      max_running run and the sequence state fits the byte budget (a preempted request
-//      waits until its last size fits again),
+//      max_running run and their state fits the budget (prefix snapshots are evicted to
+//      make room; a preempted request waits until its last size fits again),
 //   3. spends a token budget: one token for every decoding request first, then prompt
 //      chunks of at most prefill_chunk tokens per request, oldest first, so a long
 //      prompt never stalls decoding,
-//   4. samples the next token of every request whose input is all processed, decodes it,
-//      applies EOS / stop strings / max_tokens and hands the new text to the request's
-//      sink,
-//   5. keeps a snapshot of a request's state at each prompt block boundary it reaches
+//   4. reserves the state the step may add (Executor::state_growth): prefix snapshots
+//      are evicted first, then the lowest-priority request (the newest among equals) is
+//      preempted: its state is dropped and it is queued first among its priority, to
+//      recompute its prompt and generated tokens later. The forward pass is exact under
+//      any chunking and the request keeps its sampler, so it produces the same tokens.
+//   5. runs one batched forward over every request's chunk, samples the next token of
+//      every request whose input is all processed, decodes it, applies EOS / stop
+//      strings / max_tokens and hands the new text to the request's sink,
+//   6. keeps a snapshot of a request's state at each prompt block boundary it reaches
 //      (prefix caching; a new request resumes from the longest cached prefix of its
-//      prompt),
-//   6. while the state of the running requests exceeds the byte budget, preempts the
-//      lowest-priority request (the newest among equals): its state is dropped and it is
-//      queued first among its priority, to recompute its prompt and
-//      generated tokens later. The forward pass is exact under any chunking, and the
-//      request keeps its sampler, so a preempted request produces the same tokens.
-//
-// Requests run one Model::forward per request per step (the CPU model has no batched
-// forward yet); since each forward is exact, a request's output does not depend on what
-// else runs beside it.
+//      prompt). On the CPU the state is paged (model/block_pool.h) and a snapshot
+//      shares the request's blocks.
 #pragma once
 
 #include <atomic>
@@ -54,8 +51,8 @@ struct EngineLimits {
   int max_queued = 256;         // waiting requests; past it submit() refuses (HTTP 503)
   int step_tokens = 256;        // tokens one step forwards, all requests together
   int prefill_chunk = 64;       // prompt tokens one request forwards per step
-  uint64_t state_bytes = 256ull << 20;  // sequence-state budget of the running requests
-  uint64_t prefix_cache_bytes = 64ull << 20;  // prefix snapshots kept (0: no prefix cache)
+  uint64_t state_bytes = 256ull << 20;  // sequence-state budget: running requests and prefix snapshots
+  uint64_t prefix_cache_bytes = 64ull << 20;  // at most this much state referred to by prefix snapshots (0: none)
   int prefix_block = 64;        // prompt prefixes are cached at multiples of this
   std::chrono::milliseconds timeout{600'000};  // per request, from submission
 };
@@ -108,7 +105,8 @@ class RequestHandle {
 
 struct EngineStats {
   size_t queued = 0, running = 0;
-  uint64_t state_bytes = 0;
+  uint64_t state_bytes = 0;   // the running requests' state
+  uint64_t state_in_use = 0;  // what the budget limits: running requests and prefix snapshots
   uint64_t preemptions = 0;  // since the start
 };
 
@@ -139,6 +137,9 @@ class Engine {
   void enqueue(std::unique_ptr<Active> a, bool first_of_priority);  // mutex_ held
   void preempt(std::unique_ptr<Active> a);  // mutex_ held
   std::unique_ptr<SequenceState> resume(std::span<const int32_t> prompt);
+  uint64_t admission_bytes(const Active& a) const;
+  bool make_room(const std::function<uint64_t()>& need);
+  void reserve_state(std::vector<std::pair<Active*, int>>& work);
   void remember_prefix(const Active& a);
   void loop();
   bool step();  // false when idle
@@ -158,7 +159,7 @@ class Engine {
   bool stopping_ = false;                       // guarded by mutex_
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
   std::atomic<size_t> running_count_{0};
-  std::atomic<uint64_t> state_bytes_{0};
+  std::atomic<uint64_t> state_bytes_{0}, state_in_use_{0};
   uint64_t next_order_ = 0;
 
   EngineMetrics metrics_;

@@ -54,15 +54,19 @@ bool PrefixCache::wants(std::span<const int32_t> prefix) const {
 void PrefixCache::insert(std::span<const int32_t> prefix, std::unique_ptr<SequenceState> state) {
   const uint64_t bytes = state->bytes() + prefix.size_bytes();
   if (!wants(prefix) || bytes > budget_) return;
-  while (bytes_ + bytes > budget_) {
-    auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                   [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-    bytes_ -= oldest->second.bytes;
-    entries_.erase(oldest);
-  }
+  while (bytes_ + bytes > budget_) evict_oldest();
   Entry e{std::vector<int32_t>(prefix.begin(), prefix.end()), std::move(state), bytes, ++clock_};
   entries_.emplace(extend(kOffsetBasis, prefix), std::move(e));
   bytes_ += bytes;
+}
+
+bool PrefixCache::evict_oldest() {
+  if (entries_.empty()) return false;
+  auto oldest = std::min_element(entries_.begin(), entries_.end(),
+                                 [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+  bytes_ -= oldest->second.bytes;
+  entries_.erase(oldest);
+  return true;
 }
 
 }  // namespace keel::serve

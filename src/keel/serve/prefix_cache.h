@@ -3,7 +3,9 @@
 // sequence's state is more than its compressed entries: the sliding-window ring, the
 // open compressor windows, the CSA carry and the indexer keys all belong to the prefix,
 // and a snapshot (Executor::clone) holds every one of them, so a request that restores
-// it continues exactly as if it had run the prefix itself.
+// it continues exactly as if it had run the prefix itself. On the CPU a snapshot shares
+// the sequence's state blocks (model/block_pool.h) until either side writes, and the
+// budget counts every block a snapshot refers to, shared or not.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,9 @@ class PrefixCache {
   // Keeps `state` (the state after `prefix`), evicting the least recently used
   // snapshots until the budget holds; a snapshot larger than the budget is dropped.
   void insert(std::span<const int32_t> prefix, std::unique_ptr<SequenceState> state);
+  // Drops the least recently used snapshot (its state's blocks go back to the pool unless
+  // a running sequence shares them); false when there is none.
+  bool evict_oldest();
 
   uint64_t queries() const { return queries_; }
   uint64_t hits() const { return hits_; }
