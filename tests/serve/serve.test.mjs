@@ -261,6 +261,28 @@ test('keel bench serve measures a run against the server', async () => {
   assert.ok(r.request_throughput > 0 && r.output_throughput > 0);
 });
 
+test('keel bench serve sends the prompts of a file', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const { mkdtempSync, writeFileSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(tmpdir(), 'keel-prompts-'));
+  const file = join(dir, 'prompts.jsonl');
+  const texts = ['It was a fine morning.', 'The garden behind the house was quiet.'];
+  writeFileSync(file, `{"prompt": ${JSON.stringify(texts[0])}}\n\n${texts[1]}\n`);
+  const usage = [];
+  for (const text of texts) usage.push((await client.completions.create({ model: MODEL, prompt: text, max_tokens: 1 })).usage.prompt_tokens);
+  const out = execFileSync(KEEL, ['bench', 'serve', '--url', server.url, '--prompts', file, '--num-prompts', '5',
+    '--output-len', '4', '--json'], { encoding: 'utf8' });
+  const r = JSON.parse(out);
+  assert.equal(r.completed, 5, r.first_error);
+  assert.equal(r.input_tokens, 3 * usage[0] + 2 * usage[1]);  // the file's two prompts in turn
+  assert.equal(r.output_tokens, 5 * 4);
+  writeFileSync(file, '{"text": "no prompt field"}\n');
+  assert.throws(() => execFileSync(KEEL, ['bench', 'serve', '--url', server.url, '--prompts', file], { stdio: 'pipe' }),
+    (e) => e.status !== 0 && /line 1/.test(e.stderr.toString()));
+});
+
 test('load: 64 concurrent streaming clients', async () => {
   const seconds = 12, seeds = 16;
   const deadline = Date.now() + seconds * 1000;

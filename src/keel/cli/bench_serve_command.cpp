@@ -1,6 +1,7 @@
 // keel bench serve: a load generator for any OpenAI-compatible server, in the manner of
-// `vllm bench serve`: random token-id prompts of a given length to /v1/completions,
-// streamed, with a fixed concurrency or a Poisson request rate; it reports TTFT, TPOT,
+// `vllm bench serve`: random token-id prompts of a given length, or the prompts of a
+// file, to /v1/completions, streamed, with a fixed concurrency or a Poisson request
+// rate; it reports TTFT, TPOT,
 // inter-token latency and end-to-end latency (mean, p50, p99) and request and token
 // throughput. One thread per concurrent client (Boost.Beast, blocking).
 #include <utility>  // before Boost.Asio, which uses std::exchange without it
@@ -12,6 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <fmt/format.h>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -30,7 +32,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string url = "http://127.0.0.1:8000", model;
+  std::string url = "http://127.0.0.1:8000", model, prompts;
   int num_prompts = 64, concurrency = 8, input_len = 128, output_len = 64, token_range = 4000;
   double request_rate = 0;  // requests/s, Poisson; 0: as fast as the concurrency allows
   uint64_t seed = 1;
@@ -55,7 +57,7 @@ Target parse_url(const std::string& url) {
 struct Result {
   bool ok = false;
   std::string error;
-  int output_tokens = 0;
+  int input_tokens = 0, output_tokens = 0;  // as the server's usage counts them
   double ttft = 0, e2e = 0;
   std::vector<double> itl;  // gaps between streamed chunks after the first
 };
@@ -101,7 +103,10 @@ Result run_one(const Target& target, const json& body) {
         const std::string event = pending.substr(0, end);
         if (!event.starts_with("data: ") || event == "data: [DONE]") continue;
         const json data = json::parse(event.substr(6));
-        if (data.contains("usage") && data["usage"].is_object()) r.output_tokens = data["usage"]["completion_tokens"];
+        if (data.contains("usage") && data["usage"].is_object()) {
+          r.output_tokens = data["usage"]["completion_tokens"];
+          r.input_tokens = data["usage"]["prompt_tokens"];
+        }
         const bool text = data.contains("choices") && !data["choices"].empty() &&
                           !data["choices"][0].value("text", std::string()).empty();
         if (!text) continue;
@@ -152,6 +157,30 @@ Summary summarize(std::vector<double> v) {
   return {sum / v.size(), at(0.5), at(0.99)};
 }
 
+// The prompts of a file: one per line, either text or a JSON object with a "prompt"
+// string (the JSONL of vLLM's custom dataset); empty lines are skipped.
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(ErrorCode::io, {.file = path}, "cannot open the prompts file");
+  std::vector<std::string> prompts;
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.empty()) continue;
+    if (!line.starts_with("{")) {
+      prompts.push_back(line);
+      continue;
+    }
+    const json row = json::parse(line, nullptr, false);
+    if (row.is_discarded() || !row.contains("prompt") || !row["prompt"].is_string()) {
+      fail(ErrorCode::bad_input, {.file = path}, fmt::format("line {}: not a JSON object with a \"prompt\" string", number));
+    }
+    prompts.push_back(row["prompt"]);
+  }
+  if (prompts.empty()) fail(ErrorCode::bad_input, {.file = path}, "no prompts in the file");
+  return prompts;
+}
+
 void run_bench_serve(const Options& o) {
   if (o.num_prompts < 1 || o.concurrency < 1 || o.input_len < 1 || o.output_len < 1 || o.token_range < 11) {
     fail(ErrorCode::usage, {}, "prompts, concurrency, input and output lengths must be >= 1, --token-range > 10");
@@ -163,10 +192,17 @@ void run_bench_serve(const Options& o) {
   std::vector<double> arrivals;  // seconds from the start
   double t = 0;
   std::exponential_distribution<double> gap(o.request_rate > 0 ? o.request_rate : 1.0);
+  const std::vector<std::string> texts = o.prompts.empty() ? std::vector<std::string>{} : read_prompts(o.prompts);
   for (int i = 0; i < o.num_prompts; ++i) {
-    std::vector<int> ids(o.input_len);
-    for (int& id : ids) id = static_cast<int>(10 + rng() % static_cast<uint64_t>(o.token_range - 10));
-    bodies.push_back({{"model", model}, {"prompt", ids}, {"max_tokens", o.output_len}, {"temperature", 0},
+    json prompt;
+    if (texts.empty()) {
+      std::vector<int> ids(o.input_len);
+      for (int& id : ids) id = static_cast<int>(10 + rng() % static_cast<uint64_t>(o.token_range - 10));
+      prompt = ids;
+    } else {
+      prompt = texts[i % texts.size()];  // the file's prompts in order, again from the first
+    }
+    bodies.push_back({{"model", model}, {"prompt", prompt}, {"max_tokens", o.output_len}, {"temperature", 0},
                       {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}});
     arrivals.push_back(t);
     if (o.request_rate > 0) t += gap(rng);
@@ -188,7 +224,7 @@ void run_bench_serve(const Options& o) {
   const double duration = std::chrono::duration<double>(Clock::now() - start).count();
 
   int completed = 0;
-  long long output_tokens = 0;
+  long long input_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2e;
   std::string first_error;
   for (const Result& r : results) {
@@ -197,13 +233,13 @@ void run_bench_serve(const Options& o) {
       continue;
     }
     ++completed;
+    input_tokens += r.input_tokens;
     output_tokens += r.output_tokens;
     ttft.push_back(r.ttft);
     e2e.push_back(r.e2e);
     if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) / (r.output_tokens - 1));
     itl.insert(itl.end(), r.itl.begin(), r.itl.end());
   }
-  const long long input_tokens = static_cast<long long>(completed) * o.input_len;
   const Summary s_ttft = summarize(ttft), s_tpot = summarize(tpot), s_itl = summarize(itl), s_e2e = summarize(e2e);
   if (o.json) {
     const auto ms = [](const Summary& s) { return json{{"mean", s.mean * 1e3}, {"p50", s.p50 * 1e3}, {"p99", s.p99 * 1e3}}; };
@@ -244,6 +280,9 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--concurrency", o->concurrency, "Requests in flight at most")->capture_default_str();
   cmd->add_option("--request-rate", o->request_rate, "Poisson arrivals per second (0: back to back)")->capture_default_str();
   cmd->add_option("--input-len", o->input_len, "Prompt tokens (random ids)")->capture_default_str();
+  cmd->add_option("--prompts", o->prompts,
+                  "A file of prompts instead of random ids: one per line, text or JSON {\"prompt\": ...}; "
+                  "used in order, again from the first");
   cmd->add_option("--output-len", o->output_len, "Generated tokens per request (ignore_eos)")->capture_default_str();
   cmd->add_option("--token-range", o->token_range, "Prompt ids are drawn from [10, N)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the prompts and arrivals")->capture_default_str();

@@ -15,6 +15,7 @@ namespace {
 constexpr int kHeadsPerBlock = 4;  // one warp per head; the heads share each key tile
 constexpr int kTile = 8;           // keys staged in shared memory per step
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;
+static_assert(kTile <= kHeadsPerBlock * kWarp, "one thread finds each key row of a tile");
 
 // Splits of one query's key list (flash-decoding): one per kKeysPerSplit keys, at most
 // kMaxSplits. A function of the list's length only, never of the other queries in the
@@ -59,14 +60,18 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   const int per_split = (all + splits - 1) / splits;
   const int first = key_offsets[b] + min(all, split * per_split);
   const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
+  __shared__ const float* rows[kTile];  // the tile's key rows, found once per key
   for (int base = 0; base < count; base += kTile) {
     const int n = min(kTile, count - base);
     __syncthreads();  // the previous tile is no longer read
+    if (threadIdx.x < n) {
+      const int64_t r = key_index[first + base + threadIdx.x];
+      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+    }
+    __syncthreads();
     for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
       const int j = e / head_dim, d = e % head_dim;
-      const int64_t r = key_index[first + base + j];
-      const float* row = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
-      tile[j * kMaxAttentionHeadDim + d] = row[d];
+      tile[j * kMaxAttentionHeadDim + d] = rows[j][d];
     }
     __syncthreads();
     if (!active) continue;

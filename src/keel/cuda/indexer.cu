@@ -22,6 +22,7 @@ constexpr int kHeadTile = 64;
 constexpr int kDimChunk = 32;
 constexpr int kScoreThreads = 256;
 constexpr int kKeyGroups = kKeyTile / 4;               // threads across the keys
+static_assert(kKeyTile <= kScoreThreads, "one thread finds each key row of a tile");
 constexpr int kHeadGroups = kScoreThreads / kKeyGroups;  // threads across the heads
 constexpr int kRow = kKeyTile + 4;  // padded rows: float4-aligned, fewer bank conflicts on the stores
 static_assert(kHeadGroups * 4 == kHeadTile && kKeyTile == kHeadTile, "one staging loop fills both tiles");
@@ -40,7 +41,13 @@ __global__ void __launch_bounds__(kScoreThreads)
   const int64_t n = min(int64_t{visible[t]}, max_visible);
   const int64_t w0 = int64_t{blockIdx.y} * kKeyTile;
   if (n <= k || w0 >= n) return;
-  const float* const* table = paged.tables ? paged.tables[t] : nullptr;
+  // The tile's key rows, found once per key (null past the visible count).
+  __shared__ const float* rows[kKeyTile];
+  if (threadIdx.x < kKeyTile) {
+    const int64_t w = w0 + threadIdx.x;
+    const float* const* table = paged.tables ? paged.tables[t] : nullptr;
+    rows[threadIdx.x] = w >= n ? nullptr : table ? paged_row(table, paged.rows_per_block, w, key_dim) : keys + w * key_dim;
+  }
   const int tx = threadIdx.x % kKeyGroups, ty = threadIdx.x / kKeyGroups;
   const float* qt = q + t * heads * key_dim;
 
@@ -53,10 +60,8 @@ __global__ void __launch_bounds__(kScoreThreads)
       for (int e = threadIdx.x; e < kDimChunk * kKeyTile; e += kScoreThreads) {
         const int r = e / kDimChunk, d = e % kDimChunk, dd = d0 + d;
         const int h = h0 + r;
-        const int64_t w = w0 + r;
         qs[d][r] = h < heads && dd < key_dim ? qt[int64_t{h} * key_dim + dd] : 0.0f;
-        const float* key = w >= n ? nullptr : table ? paged_row(table, paged.rows_per_block, w, key_dim) : keys + w * key_dim;
-        ks[d][r] = key && dd < key_dim ? key[dd] : 0.0f;
+        ks[d][r] = rows[r] && dd < key_dim ? rows[r][dd] : 0.0f;
       }
       __syncthreads();
 #pragma unroll 8
