@@ -37,10 +37,29 @@ std::vector<T> host_copy(const T* p, size_t n) {
   return v;
 }
 
+// Device copies freed together when the scope ends.
+struct DeviceScope {
+  std::vector<void*> owned;
+  template <typename T>
+  T* copy(const std::vector<T>& v) {
+    T* p = device_copy(v);
+    owned.push_back(const_cast<void*>(static_cast<const void*>(p)));
+    return p;
+  }
+  DeviceScope() = default;
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  ~DeviceScope() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
 // `rows` (of `width` floats) as paged state: blocks of `rows_per_block` rows stored in
 // reverse order in one device buffer (the unused floats after the last row poisoned),
-// and the device table of their addresses, in row order (cuda/paged_rows.h).
-inline const float* const* scattered_table(const std::vector<float>& rows, int width, int rows_per_block) {
+// and the device table of their addresses, in row order (cuda/paged_rows.h); both
+// freed with `scope`.
+inline const float* const* scattered_table(DeviceScope& scope, const std::vector<float>& rows, int width,
+                                           int rows_per_block) {
   const size_t count = rows.size() / width, per_block = size_t(rows_per_block) * width;
   const size_t blocks = (count + rows_per_block - 1) / rows_per_block;
   std::vector<float> stored(blocks * per_block, std::nanf(""));
@@ -48,10 +67,10 @@ inline const float* const* scattered_table(const std::vector<float>& rows, int w
     const size_t slot = (blocks - 1 - r / rows_per_block) * per_block + (r % rows_per_block) * width;
     std::copy_n(&rows[r * width], width, &stored[slot]);
   }
-  const float* arena = device_copy(stored);
+  const float* arena = scope.copy(stored);
   std::vector<const float*> table(blocks);
   for (size_t b = 0; b < blocks; ++b) table[b] = arena + (blocks - 1 - b) * per_block;
-  return device_copy(table);
+  return scope.copy(table);
 }
 
 }  // namespace keel::cuda

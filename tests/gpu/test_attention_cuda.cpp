@@ -81,12 +81,13 @@ void check_case(const Case& c, uint32_t seed) {
   // list is split by its own length only).
   const size_t per_sequence = size_t(H) * hd;
   for (int b = 0; b < sequences; ++b) {
-    const std::vector<const float* const*> tables{scattered_table(kv, hd, 3)};
+    DeviceScope scope;
+    const std::vector<const float* const*> tables{scattered_table(scope, kv, hd, 3)};
     float* alone = device_poisoned(per_sequence);
     const int64_t alone_scratch = attend_decode_scratch(1, H, hd, c.keys[b]);
     float* dalone_scratch = alone_scratch ? device_poisoned(alone_scratch) : nullptr;
     attend_decode(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone,
-                  dalone_scratch, c.keys[b], PagedTables{device_copy(tables), 3});
+                  dalone_scratch, c.keys[b], PagedTables{scope.copy(tables), 3});
     const std::vector<float> one = host_copy(alone, per_sequence);
     EXPECT_EQ(std::memcmp(one.data(), got.data() + b * per_sequence, per_sequence * sizeof(float)), 0)
         << "sequence " << b << " alone differs from the batched call";

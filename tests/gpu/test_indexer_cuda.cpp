@@ -79,16 +79,17 @@ void run_gpu(const Inputs& in, std::vector<std::vector<int64_t>>& picks) {
   // call): each token reads the keys through a block table of its own (blocks of 5 rows,
   // stored out of order), token t's base is kBase + 7t.
   {
+    DeviceScope scope;
     std::vector<const float* const*> tables(tokens);
     std::vector<int32_t> bases(tokens);
     for (size_t t = 0; t < tokens; ++t) {
-      tables[t] = scattered_table(in.keys, in.key_dim, 5);
+      tables[t] = scattered_table(scope, in.keys, in.key_dim, 5);
       bases[t] = kBase + 7 * static_cast<int32_t>(t);
     }
     int32_t* dbases = device_copy(bases);
     int32_t* dout2 = device_poisoned<int32_t>(slots);
     indexer_select(dq, dweights, static_cast<int64_t>(tokens), in.heads, in.key_dim, nullptr, dvisible, max_visible,
-                   in.k, 0, doffsets, dout2, dscores, PagedTables{device_copy(tables), 5}, dbases);
+                   in.k, 0, doffsets, dout2, dscores, PagedTables{scope.copy(tables), 5}, dbases);
     const std::vector<int32_t> out2 = host_copy(dout2, slots);
     for (size_t t = 0; t < tokens; ++t) {
       for (int32_t i = 0; i < counts[t]; ++i) {
