@@ -26,6 +26,7 @@
 #include "cuda/gemm_fp8.h"
 #include "cuda/gemm_mma.h"
 #include "gpu/device_memory.h"
+#include "gpu/gemm_check.h"
 #include "gpu/weight_cases.h"
 #include "model/owned_weight.h"
 #include "ops/linear.h"
@@ -109,53 +110,12 @@ std::vector<double> magnitudes(const Weight& w, const std::vector<float>& x, int
   return m;
 }
 
-// Rows [first, first + count) of an FP8 weight, as the grouped output projection views them.
-DeviceWeight fp8_rows(const DeviceWeight& w, int64_t first, int64_t count) {
-  DeviceWeight v = w;
-  v.out = count;
-  v.data = static_cast<const uint8_t*>(w.data) + first * w.in;
-  v.first_row = w.first_row + first;
-  return v;
-}
-
-void check_against_reference(const char* name, const Weight& host, const DeviceWeight& d, int64_t first,
-                             uint32_t seed) {
-  const int64_t out = d.out, in = d.in;
-  double worst = 0;
-  float* alone = device_poisoned(out);
-  for (const int64_t tokens : {1, 7, 8, 9, 33, 64, 130}) {
-    const std::vector<float> x = activations(tokens, in, seed + static_cast<uint32_t>(tokens));
-    std::vector<float> want(tokens * out);
-    keel::linear_w8a8_reference(host, keel::rows_of(std::span<const float>(x), in),
-                                keel::rows_of(std::span<float>(want), out), {first, out});
-    const std::vector<double> scale = magnitudes(host, x, tokens, first, out);
-    float* dx = device_copy(x);
-    ASSERT_TRUE(linear_w8a8_takes(d, dx)) << name << " " << out << "x" << in;
-    float* dy = device_poisoned(tokens * out);
-    linear_w8a8(d, dx, dy, tokens);
-    const std::vector<float> got = host_copy(dy, tokens * out);
-    for (int64_t i = 0; i < tokens * out; ++i) {
-      const double err = std::fabs(double{got[i]} - want[i]);
-      ASSERT_LE(err, kTolerance * scale[i]) << name << " " << out << "x" << in << " tokens " << tokens << " token "
-                                            << i / out << " row " << i % out << ": got " << got[i] << ", want "
-                                            << want[i];
-      if (scale[i] > 0) worst = std::max(worst, err / scale[i]);
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      ASSERT_EQ(cudaMemset(alone, 0xff, out * sizeof(float)), cudaSuccess);
-      linear_w8a8(d, dx + t * in, alone, 1);
-      const std::vector<float> one = host_copy(alone, out);
-      ASSERT_EQ(std::memcmp(one.data(), got.data() + t * out, out * sizeof(float)), 0)
-          << name << " " << out << "x" << in << ": token " << t << " of " << tokens
-          << " differs from the same token alone";
-    }
-    cudaFree(dx);
-    cudaFree(dy);
-  }
-  cudaFree(alone);
-  std::printf("  %s %lldx%lld (rows from %lld): worst error %.2e of sum |x·w|\n", name, static_cast<long long>(out),
-              static_cast<long long>(in), static_cast<long long>(first), worst);
-}
+const GemmCheck kW8a8{kTolerance,
+                      &activations,
+                      &keel::linear_w8a8_reference,
+                      &magnitudes,
+                      &linear_w8a8_takes,
+                      [](const DeviceWeight& w, const float* x, float* y, int64_t tokens) { linear_w8a8(w, x, y, tokens); }};
 
 // out: no multiple of a warp's 32 rows nor of a block's; in: 1 to 32 scale blocks, k
 // split across 1 to 8 warps in equal and unequal shares; ue8m0 and f32 weight scales.
@@ -165,7 +125,7 @@ TEST(CudaW8a8, MatchesTheReferenceAndOneTokenCalls) {
     for (const auto& [out, in] : {std::pair<int64_t, int64_t>{261, 1152}, {77, 384}, {45, 128}, {100, 4096}}) {
       const OwnedWeight host(random_normal(out * in, 5), out, in, c.format, c.dtype, c.scales);
       DeviceWeight w = upload(host.weight());
-      check_against_reference(c.name, host.weight(), w, 0, 20);
+      check_against_reference(kW8a8, c.name, host.weight(), w, 0, 20);
       release(w);
     }
   }
@@ -176,7 +136,7 @@ TEST(CudaW8a8, RowViewsUseTheStoredScaleBlocks) {
   SKIP_UNLESS_W8A8();
   const OwnedWeight host(random_normal(300 * 1152, 9), 300, 1152, kFp8Ue8m0.format, kFp8Ue8m0.dtype, kFp8Ue8m0.scales);
   DeviceWeight w = upload(host.weight());
-  check_against_reference("fp8 rows 100..176", host.weight(), fp8_rows(w, 100, 77), 100, 30);
+  check_against_reference(kW8a8, "fp8 rows 100..176", host.weight(), fp8_rows(w, 100, 77), 100, 30);
   release(w);
 }
 

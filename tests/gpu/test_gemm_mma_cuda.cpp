@@ -27,6 +27,7 @@
 #include "cuda/gemm_mma.h"
 #include "cuda/linear.h"
 #include "gpu/device_memory.h"
+#include "gpu/gemm_check.h"
 #include "gpu/weight_cases.h"
 #include "model/owned_weight.h"
 #include "ops/linear.h"
@@ -38,17 +39,6 @@ namespace {
 using keel::testing::random_normal;
 
 constexpr double kTolerance = 0x1p-16;
-
-// Rows [first, first + count) of an FP8 weight on the device, as the grouped output
-// projection views them: the data from that row, scale blocks still counted from the
-// stored row 0 (first_row).
-DeviceWeight fp8_rows(const DeviceWeight& w, int64_t first, int64_t count) {
-  DeviceWeight v = w;
-  v.out = count;
-  v.data = static_cast<const uint8_t*>(w.data) + first * w.in;
-  v.first_row = w.first_row + first;
-  return v;
-}
 
 // Σ_k |x[t, k]·W[first + o, k]| for every token t and row o < out: the scale of each output.
 std::vector<double> magnitudes(const Weight& w, const std::vector<float>& x, int64_t tokens, int64_t first,
@@ -67,47 +57,12 @@ std::vector<double> magnitudes(const Weight& w, const std::vector<float>& x, int
   return m;
 }
 
-// Runs `d` (a view of rows [first, first + out) of `host`) over each token count: every
-// output within the tolerance of the CPU reference, and every token's row equal, bit
-// for bit, to a call with that token alone.
-void check_against_reference(const char* name, const Weight& host, const DeviceWeight& d, int64_t first,
-                             uint32_t seed) {
-  const int64_t out = d.out, in = d.in;
-  double worst = 0;
-  float* alone = device_poisoned(out);
-  for (const int64_t tokens : {1, 7, 8, 9, 33, 64, 130}) {
-    const std::vector<float> x = random_normal(tokens * in, seed + static_cast<uint32_t>(tokens));
-    std::vector<float> want(tokens * out);
-    keel::linear_reference(host, keel::rows_of(std::span<const float>(x), in),
-                           keel::rows_of(std::span<float>(want), out), {first, out});
-    const std::vector<double> scale = magnitudes(host, x, tokens, first, out);
-    float* dx = device_copy(x);
-    ASSERT_TRUE(linear_mma_takes(d, dx)) << name << " " << out << "x" << in;
-    float* dy = device_poisoned(tokens * out);
-    linear_mma(d, dx, dy, tokens);
-    const std::vector<float> got = host_copy(dy, tokens * out);
-    for (int64_t i = 0; i < tokens * out; ++i) {
-      const double err = std::fabs(double{got[i]} - want[i]);
-      ASSERT_LE(err, kTolerance * scale[i]) << name << " " << out << "x" << in << " tokens " << tokens << " token "
-                                            << i / out << " row " << i % out << ": got " << got[i] << ", want "
-                                            << want[i];
-      worst = std::max(worst, err / scale[i]);
-    }
-    for (int64_t t = 0; t < tokens; ++t) {
-      ASSERT_EQ(cudaMemset(alone, 0xff, out * sizeof(float)), cudaSuccess);
-      linear_mma(d, dx + t * in, alone, 1);
-      const std::vector<float> one = host_copy(alone, out);
-      ASSERT_EQ(std::memcmp(one.data(), got.data() + t * out, out * sizeof(float)), 0)
-          << name << " " << out << "x" << in << ": token " << t << " of " << tokens
-          << " differs from the same token alone";
-    }
-    cudaFree(dx);
-    cudaFree(dy);
-  }
-  cudaFree(alone);
-  std::printf("  %s %lldx%lld (rows from %lld): worst error %.2e of sum |x·w|\n", name, static_cast<long long>(out),
-              static_cast<long long>(in), static_cast<long long>(first), worst);
-}
+const GemmCheck kMma{kTolerance,
+                     [](int64_t tokens, int64_t in, uint32_t seed) { return random_normal(tokens * in, seed); },
+                     &keel::linear_reference,
+                     &magnitudes,
+                     &linear_mma_takes,
+                     [](const DeviceWeight& w, const float* x, float* y, int64_t tokens) { linear_mma(w, x, y, tokens); }};
 
 class CudaMma : public ::testing::TestWithParam<WeightCase> {};
 
@@ -125,7 +80,7 @@ TEST_P(CudaMma, MatchesCpuReferenceAndOneTokenCalls) {
   for (const auto& [out, in] : shapes) {
     const OwnedWeight host(random_normal(out * in, 5), out, in, c.format, c.dtype, c.scales);
     DeviceWeight w = upload(host.weight());
-    check_against_reference(c.name, host.weight(), w, 0, 20);
+    check_against_reference(kMma, c.name, host.weight(), w, 0, 20);
     release(w);
   }
 }
@@ -140,7 +95,7 @@ TEST(CudaMmaCases, Fp8RowViewsUseTheStoredScaleBlocks) {
     const OwnedWeight host(random_normal(rows * in, 9), rows, in, c.format, c.dtype, c.scales);
     DeviceWeight w = upload(host.weight());
     for (const auto& [first, count] : {std::pair<int64_t, int64_t>{100, 77}, {136, 164}, {7, 250}}) {
-      check_against_reference(c.name, host.weight(), fp8_rows(w, first, count), first, 30);
+      check_against_reference(kMma, c.name, host.weight(), fp8_rows(w, first, count), first, 30);
     }
     release(w);
   }
@@ -159,7 +114,7 @@ TEST(CudaMmaCases, MxFp4LargeScales) {
   }
   const OwnedWeight host(values, out, in, kMxfp4.format, kMxfp4.dtype, kMxfp4.scales);
   DeviceWeight w = upload(host.weight());
-  check_against_reference("mxfp4 large scales", host.weight(), w, 0, 40);
+  check_against_reference(kMma, "mxfp4 large scales", host.weight(), w, 0, 40);
   release(w);
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "cuda/check.cuh"
+#include "cuda/mma_shares.cuh"
 #include "cuda/gemm_mma.h"
 #include "cuda/weight_decode.cuh"
 
@@ -158,28 +159,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // The shares' totals, added in share order: each warp of a row warp adds up and stores
-  // every split-th value.
   __shared__ float shares[kWarps][R * C * 4][kWarp];
-  if (split > 1) {
-#pragma unroll
-    for (int e = 0; e < R * C * 4; ++e) shares[warp][e][lane] = acc[e / (C * 4)][e / 4 % C][e % 4];
-    __syncthreads();
-  }
-#pragma unroll
-  for (int e = 0; e < R * C * 4; ++e) {
-    const int i = e / (C * 4), c = e / 4 % C, r = e % 4;
-    if (e % split != share) continue;
-    const int64_t o = row0 + 16 * i + g + 8 * (r / 2);
-    const int j = 8 * c + 2 * t + r % 2;
-    if (o >= w.out || j >= count) continue;
-    float v = acc[i][c][r];
-    if (split > 1) {
-      v = shares[warp - share][e][lane];
-      for (int s = 1; s < split; ++s) v = __fadd_rn(v, shares[warp - share + s][e][lane]);
-    }
-    y[(tok0 + j) * w.out + o] = v;
-  }
+  add_shares(acc, shares, warp, lane, share, split, [&](int row, int j, float v) {
+    const int64_t o = row0 + row;
+    if (o < w.out && j < count) y[(tok0 + j) * w.out + o] = v;
+  });
 }
 
 template <int R, int C>

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/mma_shares.cuh"
 #include "cuda/moe.h"
 #include "cuda/weight_decode.cuh"
 
@@ -367,31 +368,17 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     }
   }
 
-  // The shares' sums, added in share order: each warp of a row warp adds up and stores
-  // every split-th value. NVFP4 sums are the value times 2^-8 (see Fp4Mma).
+  // The shares' sums, added in share order. NVFP4 sums are the value times 2^-8 (see
+  // Fp4Mma).
   const float(&total)[R][C][4] = kFp8 ? acc : sum;
   const float post = F == WeightFormat::nvfp4 ? w.global_scale * 256.0f : 1.0f;
   __shared__ float shares[kWarps][R * C * 4][kWarp];
-  if (split > 1) {
-#pragma unroll
-    for (int e = 0; e < R * C * 4; ++e) shares[warp][e][lane] = total[e / (C * 4)][e / 4 % C][e % 4];
-    __syncthreads();
-  }
-#pragma unroll
-  for (int e = 0; e < R * C * 4; ++e) {
-    const int i = e / (C * 4), c = e / 4 % C, r = e % 4;
-    if (e % split != share) continue;
-    const int64_t o = row0 + 16 * i + g + 8 * (r / 2);
-    const int j = 8 * c + 2 * t + r % 2;
-    if (o >= w.out || j >= cols.count) continue;
-    float v = total[i][c][r];
-    if (split > 1) {
-      v = shares[warp - share][e][lane];
-      for (int s = 1; s < split; ++s) v = __fadd_rn(v, shares[warp - share + s][e][lane]);
-    }
+  add_shares(total, shares, warp, lane, share, split, [&](int row, int j, float v) {
+    const int64_t o = row0 + row;
+    if (o >= w.out || j >= cols.count) return;
     if constexpr (F == WeightFormat::nvfp4) v = __fmul_rn(v, post);
     cols.y_row(j)[o] = v;
-  }
+  });
 }
 
 // Block `blockIdx.x / passes` of rows, tokens [8·C·pass, 8·C·(pass + 1)) for pass
