@@ -49,10 +49,6 @@ uint64_t Sequence::state_bytes() const {
   return bytes;
 }
 
-void Sequence::block_ids(std::vector<int32_t>& out) const {
-  for_each_rows(*this, [&](const PagedRows& r) { out.insert(out.end(), r.blocks().begin(), r.blocks().end()); });
-}
-
 SequenceMark mark_layers(const std::vector<LayerState>& layers, int64_t length, int64_t ahead, int64_t sw,
                          int64_t hd) {
   if (ahead < 0 || ahead > sw) fail(ErrorCode::usage, {}, "a sequence mark covers 0 .. sliding_window tokens ahead");

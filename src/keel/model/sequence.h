@@ -47,8 +47,6 @@ struct Sequence {
 
   // Bytes of the blocks held (blocks shared with a copy counted in each).
   uint64_t state_bytes() const;
-  // Appends the ids of every block held (with repeats where two arrays share one).
-  void block_ids(std::vector<int32_t>& out) const;
 };
 
 // What rewinding a sequence to an earlier length needs, taken before tokens run on it
