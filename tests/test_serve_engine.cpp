@@ -163,15 +163,28 @@ TEST(ServeEngine, ChunkedPrefillOfALongPromptEqualsPlainLoop) {
   EXPECT_EQ(out.tokens, reference(prompt, 24));
 }
 
-// A state budget that holds about two requests: the newest are preempted and recomputed,
-// and every request still produces exactly the plain loop's tokens.
+// The most state a request of `tokens` tokens (run one at a time) holds before a step,
+// with what that step may take: the budget one such request needs.
+uint64_t peak_state_bytes(int tokens) {
+  const Model& m = *demo().model;
+  auto pool = std::make_shared<HostBlockPool>(m.state_block_floats());
+  Sequence probe = m.new_sequence(pool);
+  int64_t peak = 0;
+  for (int t = 0; t < tokens; ++t) {
+    peak = std::max(peak, pool->used() + m.blocks_needed(probe, 1));
+    const int32_t id = 100;
+    m.forward(probe, std::span(&id, 1), LogitRows::last);
+  }
+  return static_cast<uint64_t>(peak) * pool->block_bytes();
+}
+
+// A state budget of 1.6 requests at their largest: requests admitted beside others grow
+// past it, the newest are preempted and recomputed, and every request still produces
+// exactly the plain loop's tokens.
 TEST(ServeEngine, PreemptedRequestsRecomputeTheSameTokens) {
   const Model& m = *demo().model;
-  Sequence probe = m.new_sequence();
-  std::vector<int32_t> ids(80, 100);
-  m.forward(probe, ids, LogitRows::last);
-  const uint64_t per_request = probe.state_bytes();
-  Engine engine(m, demo().tokenizer, {.max_running = 8, .prefill_chunk = 16, .state_bytes = per_request * 2});
+  const uint64_t budget = peak_state_bytes(80) * 8 / 5;
+  Engine engine(m, demo().tokenizer, {.max_running = 8, .prefill_chunk = 16, .state_bytes = budget});
   std::vector<std::unique_ptr<Outcome>> outs;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) {
@@ -287,6 +300,29 @@ TEST(ServeEngine, SnapshotsGiveWayToRunningRequests) {
     EXPECT_LE(metric(engine, "keel_state_in_use_bytes"), static_cast<double>(budget));
   }
   EXPECT_EQ(metric(engine, "keel_preemptions_total"), 0);
+}
+
+// A request that does not fit beside the running ones waits: it is not admitted and
+// preempted again step after step (its first chunk alone may fit the budget, but not
+// the step). Budgets from a little over one request's state to two; every request
+// gives the plain loop's tokens.
+TEST(ServeEngine, WaitingRequestIsNotPreemptedStepAfterStep) {
+  const Model& m = *demo().model;
+  const double per_request = static_cast<double>(peak_state_bytes(112));
+  for (const double share : {1.1, 1.3, 1.6, 1.9}) {
+    Engine engine(m, demo().tokenizer,
+                  {.prefill_chunk = 16, .state_bytes = static_cast<uint64_t>(per_request * share), .prefix_cache_bytes = 0});
+    const auto first = prompt_of(kPrompts[0] + " " + kPrompts[1]), second = prompt_of(kPrompts[2] + " " + kPrompts[3]);
+    Outcome a, b;
+    ASSERT_TRUE(engine.submit({.prompt = first, .max_tokens = 48, .ignore_eos = true}, a.sink()));
+    for (int i = 0; i < 2000 && a.token_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(engine.submit({.prompt = second, .max_tokens = 48, .ignore_eos = true}, b.sink()));
+    a.wait();
+    b.wait();
+    EXPECT_EQ(a.tokens, reference(first, 48, {}, true)) << share << " " << a.error << " prompt " << first.size();
+    EXPECT_EQ(b.tokens, reference(second, 48, {}, true)) << share << " " << b.error << " prompt " << second.size();
+    EXPECT_LE(engine.stats().preemptions, 1u) << "budget " << share << " requests";
+  }
 }
 
 // Waiting requests are admitted by priority (lower first), arrivals in order within one.

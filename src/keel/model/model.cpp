@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <string>
 
 #include "base/error.h"
@@ -9,16 +10,19 @@ namespace {
 
 uint64_t tensor_bytes(const Weight& w) { return w.data.nbytes() + (w.scale.data ? w.scale.nbytes() : 0); }
 
-// Blocks one compressor may take for `n` more tokens: its new entries, an open window
-// of up to `ratio` rows (kv and gate, every block possibly reopened), the carried
-// series rewritten, and a copy of every shared block it writes.
+// Blocks one compressor may take for `n` more tokens: its new entries; the open window's
+// new rows (when a window closes, up to `ratio` rows, then, after it is cleared, whose
+// blocks stay held where a snapshot shares them, up to min(n, ratio - 1) rows again);
+// the carried series rewritten; and a copy of each shared block it writes.
 int64_t compressor_blocks(const CompressorState& st, int ratio, int64_t n) {
-  const int64_t entries = st.count + (st.pending + n) / ratio;
-  int64_t blocks = st.entries.blocks_to_grow(entries, false);
+  const bool closes = st.pending + n >= ratio;
+  int64_t blocks = st.entries.blocks_to_grow(st.count + (st.pending + n) / ratio, false);
   for (const PagedRows* r : {&st.pending_kv, &st.pending_gate}) {
-    blocks += r->blocks_to_grow(ratio, true) + static_cast<int64_t>(r->blocks().size());
+    const int64_t per = r->rows_per_block();
+    blocks += closes ? r->blocks_to_grow(ratio, false) + (std::min<int64_t>(n, ratio - 1) + per - 1) / per
+                     : r->blocks_to_grow(st.pending + n, false);
   }
-  if (st.pending + n >= ratio) {
+  if (closes) {
     for (const PagedRows* r : {&st.carry_kv, &st.carry_gate}) blocks += r->blocks_to_grow(ratio, true);
   }
   return blocks;

@@ -248,11 +248,24 @@ auto lowest_priority(Requests& running) {
 }
 
 // The state a queued request needs before it is admitted: its size when it was
-// preempted, or what its first prompt chunk adds to a fresh sequence.
+// preempted, or what its first prompt chunk adds to a fresh sequence. It is admitted
+// when that fits beside what the running requests' next chunks may add, so a request
+// is not admitted only to be preempted by the same step's reservation.
 uint64_t Engine::admission_bytes(const Active& a) const {
   if (a.need_bytes) return a.need_bytes;
   const auto first = std::min<int64_t>(static_cast<int64_t>(a.tokens.size()), limits_.prefill_chunk);
   return executor_->state_growth(nullptr, first);
+}
+
+// What the running requests' next chunks may add to the state: a token for each decoding
+// request, a prompt chunk for the others (at most; a step's token budget may run fewer).
+uint64_t Engine::running_growth() const {
+  uint64_t bytes = 0;
+  for (const auto& a : running_) {
+    const int64_t pending = static_cast<int64_t>(a->tokens.size()) - a->done_tokens();
+    bytes += executor_->state_growth(a->sequence.get(), std::clamp<int64_t>(pending, 1, limits_.prefill_chunk));
+  }
+  return bytes;
 }
 
 // Whether `need()` more state fits the budget, evicting prefix snapshots (least
@@ -333,7 +346,7 @@ bool Engine::step() {
     while (!queue_.empty()) {
       Active& a = *queue_.front();
       const bool room = running_.size() < static_cast<size_t>(limits_.max_running) &&
-                        (running_.empty() || make_room([&] { return admission_bytes(a); }));
+                        (running_.empty() || make_room([&] { return admission_bytes(a) + running_growth(); }));
       if (!room) {
         // No room: a waiting request of higher priority (a smaller value) than the lowest
         // running one takes its place; the preempted one is recomputed later, exactly.

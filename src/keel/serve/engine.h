@@ -4,8 +4,9 @@
 // Each step
 //   1. drops requests that were cancelled or passed their deadline (their state freed),
 //   2. admits queued requests, by priority and then in arrival order, while fewer than
-//      max_running run and their state fits the budget (prefix snapshots are evicted to
-//      make room; a preempted request waits until its last size fits again),
+//      max_running run and their first chunk fits the budget beside the running
+//      requests' next chunks (prefix snapshots are evicted to make room; a preempted
+//      request waits until its last size fits again),
 //   3. spends a token budget: one token for every decoding request first, then prompt
 //      chunks of at most prefill_chunk tokens per request, oldest first, so a long
 //      prompt never stalls decoding,
@@ -138,6 +139,7 @@ class Engine {
   void preempt(std::unique_ptr<Active> a);  // mutex_ held
   std::unique_ptr<SequenceState> resume(std::span<const int32_t> prompt);
   uint64_t admission_bytes(const Active& a) const;
+  uint64_t running_growth() const;
   bool make_room(const std::function<uint64_t()>& need);
   void reserve_state(std::vector<std::pair<Active*, int>>& work);
   void remember_prefix(const Active& a);
