@@ -1,16 +1,28 @@
-// The CUDA decode attention against ops/attention.h's `attend`: per sequence one query
-// token, heads sharing the single K=V head, keys picked by index from one buffer (in
-// any order, some repeated), sinks, at tiny and Flash-like sizes; outputs poisoned.
+// The CUDA attention kernels against ops/attention.h's `attend`: per query row one token,
+// heads sharing the single K=V head, keys picked by index from one buffer (in any order,
+// some repeated), sinks, at tiny and Flash-like sizes; outputs poisoned.
 //
-// Tolerance 1e-5 · (1 + |want|): both sides compute in f32. They differ in the dot
-// products' summation order (≤ ~1e-6 in a score at head_dim 512) and in the online
-// softmax's rescaling (a few ULPs of each weight), so an output, a convex combination of
-// keys of size ~1, moves by ~1e-6; a wrong key, head, sink or scale moves it by ~0.1.
+// The decode kernel computes in f32: tolerance 1e-5 · (1 + |want|). Both sides differ in
+// the dot products' summation order (≤ ~1e-6 in a score at head_dim 512) and in the
+// online softmax's rescaling (a few ULPs of each weight), so an output, a convex
+// combination of keys of size ~1, moves by ~1e-6; a wrong key, head, sink or scale moves
+// it by ~0.1.
+//
+// The tensor-core kernel splits each f32 factor into bf16 hi + lo and drops lo·lo: a
+// product's error is at most 3·2^-16 of |a·b| (each part rounds at 2^-8 relative, the
+// lo part's own rounding and the dropped lo·lo each add 2^-16). So a score moves by at
+// most Δs = 2^-14 · scale · Σ_d |q_d·k_d|, the softmax weights by at most 2·max Δs in
+// sum (first order), and the output by 2·max Δs·max|v| + 2^-14·max|v| besides the f32
+// terms above. That bound is loose for random f32 data, so the kernel also runs on data
+// that bf16 holds exactly (q and keys rounded to bf16: lo = 0, every product exact),
+// where only the weights' split remains: 1e-4 · (1 + |want|) there, which a wrong key
+// (~1/keys of an output, ≥ 1e-3 here) still exceeds.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <span>
@@ -33,11 +45,32 @@ struct Case {
   float sink_shift;       // added to every sink: a dominant sink when large
 };
 
-void check_case(const Case& c, uint32_t seed) {
+using Attend = decltype(&attend_decode);
+
+// How a kernel is held to the reference (see the top of the file).
+enum class Precision {
+  f32,         // the decode kernel
+  split,       // the tensor-core kernel on f32 data: the derived bound
+  split_exact  // the tensor-core kernel on data bf16 holds exactly
+};
+
+float bf16_round(float x) {  // to nearest even, as the kernels' conversion
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+void check_case(const Case& c, uint32_t seed, Attend kernel = &attend_decode, Precision precision = Precision::f32) {
   const int sequences = static_cast<int>(c.keys.size());
   const int hd = c.head_dim, H = c.heads;
-  const std::vector<float> kv = random_normal(c.kv_rows * hd, seed);
-  const std::vector<float> q = random_normal(static_cast<size_t>(sequences) * H * hd, seed + 1, 2.0f);
+  std::vector<float> kv = random_normal(c.kv_rows * hd, seed);
+  std::vector<float> q = random_normal(static_cast<size_t>(sequences) * H * hd, seed + 1, 2.0f);
+  if (precision == Precision::split_exact) {
+    for (float& x : kv) x = bf16_round(x);
+    for (float& x : q) x = bf16_round(x);
+  }
   std::vector<float> sinks = random_normal(H, seed + 2);
   for (float& s : sinks) s += c.sink_shift;
   std::mt19937 rng(seed + 3);
@@ -49,12 +82,29 @@ void check_case(const Case& c, uint32_t seed) {
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  std::vector<float> want(q.size());
+  std::vector<float> want(q.size()), bound(q.size());
   for (int b = 0; b < sequences; ++b) {
     std::vector<const float*> keys;
     for (int32_t j = offsets[b]; j < offsets[b + 1]; ++j) keys.push_back(kv.data() + int64_t{index[j]} * hd);
     attend(std::span<const float>(q).subspan(size_t(b) * H * hd, size_t(H) * hd), H, hd, keys, sinks, scale,
            std::span<float>(want).subspan(size_t(b) * H * hd, size_t(H) * hd));
+    for (int h = 0; h < H; ++h) {
+      const float* qh = q.data() + (size_t(b) * H + h) * hd;
+      double most = 0, vmax = 0;  // max_j Σ_d |q_d·k_jd|, max |v|
+      for (const float* k : keys) {
+        double sum = 0;
+        for (int d = 0; d < hd; ++d) sum += std::fabs(double(qh[d]) * k[d]), vmax = std::max(vmax, double(std::fabs(k[d])));
+        most = std::max(most, sum);
+      }
+      const double ds = std::ldexp(scale * most, -14);
+      for (int d = 0; d < hd; ++d) {
+        const size_t i = (size_t(b) * H + h) * hd + d;
+        const double f32 = 1e-5 * (1 + std::fabs(want[i]));
+        bound[i] = static_cast<float>(precision == Precision::f32           ? f32
+                                      : precision == Precision::split_exact ? 1e-4 * (1 + std::fabs(want[i]))
+                                                                            : 2 * ds * vmax + std::ldexp(vmax, -14) + f32);
+      }
+    }
   }
 
   float* dq = device_copy(q);
@@ -68,11 +118,11 @@ void check_case(const Case& c, uint32_t seed) {
   const int max_keys = *std::max_element(c.keys.begin(), c.keys.end());
   const int64_t scratch_floats = attend_decode_scratch(sequences, H, hd, max_keys);
   float* dscratch = scratch_floats ? device_poisoned(scratch_floats) : nullptr;
-  attend_decode(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout, dscratch, max_keys);
+  kernel(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout, dscratch, max_keys, {}, nullptr);
   std::vector<float> got(q.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i])))
+    ASSERT_NEAR(got[i], want[i], bound[i])
         << "heads " << H << " head_dim " << hd << " sequence " << i / (size_t(H) * hd) << " head "
         << i / hd % H << " channel " << i % hd;
   }
@@ -86,8 +136,8 @@ void check_case(const Case& c, uint32_t seed) {
     float* alone = device_poisoned(per_sequence);
     const int64_t alone_scratch = attend_decode_scratch(1, H, hd, c.keys[b]);
     float* dalone_scratch = alone_scratch ? device_poisoned(alone_scratch) : nullptr;
-    attend_decode(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone,
-                  dalone_scratch, c.keys[b], PagedTables{scope.copy(tables), 3});
+    kernel(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone, dalone_scratch,
+           c.keys[b], PagedTables{scope.copy(tables), 3}, nullptr);
     const std::vector<float> one = host_copy(alone, per_sequence);
     EXPECT_EQ(std::memcmp(one.data(), got.data() + b * per_sequence, per_sequence * sizeof(float)), 0)
         << "sequence " << b << " alone differs from the batched call";
@@ -134,6 +184,44 @@ TEST(CudaAttention, SplitKeysMatchCpuReference) {
 TEST(CudaAttention, RefusesHeadDimOverLimit) {
   EXPECT_THROW(attend_decode(nullptr, 1, 1, kMaxAttentionHeadDim + 1, nullptr, nullptr, nullptr, nullptr, 1.0f,
                              nullptr, nullptr, 1),
+               std::runtime_error);
+}
+
+// The tensor-core kernel for prefill rows, at the decode tests' shapes and more: heads
+// not a multiple of its 32 nor of 16, head_dim not a multiple of its 64 (nor of 4), key
+// lists crossing its 16-key tiles and its 512-key splits, a row with no key.
+void check_mma(const Case& c, uint32_t seed) {
+  check_case(c, seed, &attend_mma, Precision::split_exact);
+  check_case(c, seed + 100, &attend_mma, Precision::split);
+}
+
+TEST(CudaMmaAttention, TinyMatchesCpuReference) {
+  check_mma({.heads = 4, .head_dim = 32, .kv_rows = 50, .keys = {0, 5, 37, 8}, .sink_shift = 0.0f}, 151);
+}
+
+TEST(CudaMmaAttention, RaggedHeadsAndHeadDim) {
+  check_mma({.heads = 6, .head_dim = 100, .kv_rows = 300, .keys = {17, 250}, .sink_shift = 0.0f}, 161);
+  check_mma({.heads = 1, .head_dim = 1, .kv_rows = 10, .keys = {9}, .sink_shift = 0.0f}, 162);
+  check_mma({.heads = 40, .head_dim = 72, .kv_rows = 200, .keys = {33, 16, 1}, .sink_shift = 0.0f}, 163);
+}
+
+TEST(CudaMmaAttention, DominantSink) {
+  check_mma({.heads = 8, .head_dim = 64, .kv_rows = 100, .keys = {40, 3}, .sink_shift = 6.0f}, 171);
+}
+
+TEST(CudaMmaAttention, FlashSizeMatchesCpuReference) {
+  check_mma({.heads = 64, .head_dim = 512, .kv_rows = 2048, .keys = {128 + 512, 128 + 32, 128, 7}, .sink_shift = 0.0f},
+            181);
+}
+
+TEST(CudaMmaAttention, SplitKeysMatchCpuReference) {
+  check_mma({.heads = 64, .head_dim = 512, .kv_rows = 4096, .keys = {128 + 2000, 513}, .sink_shift = 0.0f}, 182);
+  check_mma({.heads = 8, .head_dim = 64, .kv_rows = 64, .keys = {9000, 3}, .sink_shift = 0.0f}, 183);
+}
+
+TEST(CudaMmaAttention, RefusesHeadDimOverLimit) {
+  EXPECT_THROW(attend_mma(nullptr, 1, 1, kMaxAttentionHeadDim + 1, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr,
+                          nullptr, 1),
                std::runtime_error);
 }
 

@@ -29,7 +29,11 @@ void print_stages(const std::map<std::string, double>& stages, int steps, const 
 void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
   runner.reset();
   Sampler greedy({});
+  runner.executor().set_profiling(true);
   int32_t next = runner.next(prompt, greedy);
+  print_stages(runner.executor().profile(), 1, fmt::format("prefill of {} tokens: time by stage", prompt.size()),
+               "call");
+  runner.executor().set_profiling(false);
   runner.executor().set_profiling(true);
   for (int i = 0; i < steps; ++i) next = runner.next(std::span(&next, 1), greedy);
   const auto stages = runner.executor().profile();
@@ -176,7 +180,7 @@ void add_bench(CLI::App& app) {
                   "Also decode with this many MTP drafts per step (comma-separated, 1..3): tok/s and acceptance")
       ->delimiter(',');
   cmd->add_flag("--json", o->json, "One JSON object instead of the table");
-  cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, decode again and print the time per stage");
+  cmd->add_flag("--profile", o->profile, "GPU: after the timed runs, prefill and decode again and print the time per stage of each");
   add_kernel_options(cmd, o->kernels);
   add_host_options(cmd, o->kernels);
   cmd->callback([o, cmd] {

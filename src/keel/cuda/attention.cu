@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/mma_bf16.cuh"
 
 namespace keel::cuda {
 namespace {
@@ -22,8 +23,8 @@ static_assert(kTile <= kHeadsPerBlock * kWarp, "one thread finds each key row of
 // call, so a query's result is the same alone and in a batch.
 constexpr int kKeysPerSplit = 32;
 constexpr int kMaxSplits = 16;
-__host__ __device__ constexpr int splits_of(int keys) {
-  return keys <= kKeysPerSplit ? 1 : min(kMaxSplits, (keys + kKeysPerSplit - 1) / kKeysPerSplit);
+__host__ __device__ constexpr int splits_of(int keys, int keys_per_split = kKeysPerSplit) {
+  return keys <= keys_per_split ? 1 : min(kMaxSplits, (keys + keys_per_split - 1) / keys_per_split);
 }
 
 // Block (head group, sequence, split), with `paged` the sequence's keys through its block
@@ -134,9 +135,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
 // One block per (sequence, head) of a sequence whose keys were split: the splits'
 // softmax pieces rescaled to their common max and added, in split order.
 __global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
-                        int head_dim, int stride, float* __restrict__ out) {
+                        int head_dim, int stride, int keys_per_split, float* __restrict__ out) {
   const int64_t bh = blockIdx.x, b = bh / heads;
-  const int splits = splits_of(key_offsets[b + 1] - key_offsets[b]);
+  const int splits = splits_of(key_offsets[b + 1] - key_offsets[b], keys_per_split);
   if (splits == 1) return;  // written by the decode kernel
   const float* p = partial + bh * stride * (head_dim + 2);
   float top = -INFINITY;
@@ -150,6 +151,234 @@ __global__ void combine(const float* __restrict__ partial, const int32_t* __rest
   }
 }
 
+
+// --- Tensor-core attention for many query rows (prefill) -----------------------------------
+//
+// The 64 heads of a query token share its keys, so a block takes 32 heads of one row as
+// two 16-row MMA tiles (mma.sync m16n8k16) against 16 keys at a time: S = Q·Kᵀ, then the
+// online softmax, then O += P·V with V = K. Operands are f32 split into bf16 hi + lo and
+// multiplied as hi·hi + lo·hi + hi·lo (about 16 bits of each factor; the dropped lo·lo
+// is below 2^-16 of a product). Warp w works on head tile w / 4 and quarter w % 4 of
+// head_dim: for S it sums its quarter's products, the four partial S are added in
+// quarter order through shared memory (so the tile's four warps hold the same S), and
+// for O it owns that quarter's output columns.
+namespace mma_rows {
+
+constexpr int kHeads = 32;                       // per block: two MMA row tiles
+constexpr int kQuarters = 4;                     // warps per row tile
+constexpr int kThreads = 2 * kQuarters * kWarp;  // 256
+constexpr int kKeys = 16;                        // keys per staged tile
+constexpr int kMaxSteps = kMaxAttentionHeadDim / kQuarters / 16;  // 16-wide k steps in a quarter
+constexpr int kPad = 8;  // bf16 values after each staged key row: rows 16 bytes off a 128-byte multiple
+constexpr int kKeysPerSplit = 512;
+constexpr int kLanesPerKey = kThreads / kKeys;  // threads staging one key row
+static_assert(kLanesPerKey * kKeys == kThreads);
+
+// head_dim rounded up so each quarter is whole 16-wide k steps.
+__host__ __device__ constexpr int padded(int head_dim) { return (head_dim + 16 * kQuarters - 1) / (16 * kQuarters) * (16 * kQuarters); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if (trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  }
+}
+
+// Block (head group, row, split). The staged tile: key j's row as bf16 hi and lo, kPad
+// apart from the next row; each thread stages a sixteenth of one key's row, fetching the
+// next tile into registers while the block computes on this one.
+__global__ void __launch_bounds__(kThreads, 1)
+    attend(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
+           const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
+           const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
+           PagedTables paged) {
+  constexpr int kStride = kMaxAttentionHeadDim + kPad;
+  __shared__ __align__(16) uint16_t khi[kKeys * kStride], klo[kKeys * kStride];
+  __shared__ float reduce[2 * kQuarters][8][kWarp];  // each warp's partial S
+  const int b = blockIdx.y;
+  const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all, kKeysPerSplit), split = blockIdx.z;
+  if (split >= splits) return;  // a shorter list than the call's longest
+  const float* const* table = paged.tables ? paged.tables[b] : nullptr;
+  const int dp = padded(head_dim), quarter = dp / kQuarters, steps = quarter / 16, stride = dp + kPad;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int tile = warp / kQuarters, part = warp % kQuarters;
+  const int h0 = blockIdx.x * kHeads + tile * 16 + g, h1 = h0 + 8;  // this lane's two heads
+
+  // The query fragments of this warp's quarter, hi and lo (zero past heads or head_dim).
+  uint32_t qhi[kMaxSteps][4], qlo[kMaxSteps][4];
+  const auto q_at = [&](int h, int d) {
+    return h < heads && d < head_dim ? q[(int64_t{b} * heads + h) * head_dim + d] : 0.0f;
+  };
+#pragma unroll
+  for (int s = 0; s < kMaxSteps; ++s) {
+    if (s >= steps) break;
+    const int d = part * quarter + s * 16 + 2 * t;
+    const Split r0 = hi_lo(q_at(h0, d), q_at(h0, d + 1)), r1 = hi_lo(q_at(h1, d), q_at(h1, d + 1));
+    const Split r2 = hi_lo(q_at(h0, d + 8), q_at(h0, d + 9)), r3 = hi_lo(q_at(h1, d + 8), q_at(h1, d + 9));
+    qhi[s][0] = r0.hi, qhi[s][1] = r1.hi, qhi[s][2] = r2.hi, qhi[s][3] = r3.hi;
+    qlo[s][0] = r0.lo, qlo[s][1] = r1.lo, qlo[s][2] = r2.lo, qlo[s][3] = r3.lo;
+  }
+
+  float o[kMaxSteps * 2][4] = {};  // this warp's quarter of O: n-tiles of 8 columns
+  float m[2], l[2];                // per head row g, g + 8
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = r == 0 ? h0 : h1;
+    m[r] = split == 0 && h < heads ? sinks[h] : -INFINITY;
+    l[r] = split == 0 && h < heads ? 1.0f : 0.0f;
+  }
+
+  const int per_split = (all + splits - 1) / splits;
+  const int first = key_offsets[b] + min(all, split * per_split);
+  const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
+  // Staging: thread's key j of a tile, columns 4·(c + kLanesPerKey·i).
+  const int j = threadIdx.x / kLanesPerKey, c = threadIdx.x % kLanesPerKey;
+  const bool vector = head_dim % 4 == 0;
+  float4 next[kMaxSteps];  // dp / 64 ≤ 8 float4 per thread
+  const auto fetch = [&](int base) {
+    const float* row = nullptr;
+    if (base + j < count) {
+      const int64_t r = key_index[first + base + j];
+      row = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxSteps; ++i) {
+      const int d = 4 * (c + kLanesPerKey * i);
+      if (d >= dp) break;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row != nullptr && d < head_dim) {
+        if (vector) {
+          v = __ldg(reinterpret_cast<const float4*>(row + d));
+        } else {
+          v.x = row[d];
+          v.y = d + 1 < head_dim ? row[d + 1] : 0.0f;
+          v.z = d + 2 < head_dim ? row[d + 2] : 0.0f;
+          v.w = d + 3 < head_dim ? row[d + 3] : 0.0f;
+        }
+      }
+      next[i] = v;
+    }
+  };
+  if (count > 0) fetch(0);
+  for (int base = 0; base < count; base += kKeys) {
+    const int n = min(kKeys, count - base);
+    __syncthreads();  // the previous tile and partial S are no longer read
+#pragma unroll
+    for (int i = 0; i < kMaxSteps; ++i) {
+      const int d = 4 * (c + kLanesPerKey * i);
+      if (d >= dp) break;
+      const Split a = hi_lo(next[i].x, next[i].y), z = hi_lo(next[i].z, next[i].w);
+      *reinterpret_cast<uint2*>(&khi[j * stride + d]) = make_uint2(a.hi, z.hi);
+      *reinterpret_cast<uint2*>(&klo[j * stride + d]) = make_uint2(a.lo, z.lo);
+    }
+    __syncthreads();
+    if (base + kKeys < count) fetch(base + kKeys);  // in flight while this tile computes
+
+    // This quarter's part of S = Q·Kᵀ for keys 0-7 (s[0]) and 8-15 (s[1]).
+    float s[2][4] = {};
+    // ldmatrix rows: lane i gives key (i % 8) + 8·(i / 16), columns + 8·(i / 8 % 2).
+    const int key = lane % 8 + 8 * (lane / 16), col8 = 8 * (lane / 8 % 2);
+#pragma unroll
+    for (int st = 0; st < kMaxSteps; ++st) {
+      if (st >= steps) break;
+      const int d = part * quarter + st * 16 + col8;
+      uint32_t bh[4], bl[4];
+      ldmatrix_x4(bh, &khi[key * stride + d], false);
+      ldmatrix_x4(bl, &klo[key * stride + d], false);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        mma(s[nt], qhi[st], bh[2 * nt], bh[2 * nt + 1]);
+        mma(s[nt], qlo[st], bh[2 * nt], bh[2 * nt + 1]);
+        mma(s[nt], qhi[st], bl[2 * nt], bl[2 * nt + 1]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) reduce[warp][e][lane] = s[e / 4][e % 4];
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float sum = reduce[tile * kQuarters][e][lane];
+      for (int w = 1; w < kQuarters; ++w) sum = __fadd_rn(sum, reduce[tile * kQuarters + w][e][lane]);
+      const int k = (e / 4) * 8 + 2 * t + e % 2;  // the key of s[e / 4][e % 4]
+      s[e / 4][e % 4] = k < n ? sum * scale : -INFINITY;
+    }
+
+    // Online softmax per head row (r = 0: s[.][0..1], row g; r = 1: s[.][2..3], row g + 8).
+    uint32_t phi[4], plo[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float top = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      const float m_new = fmaxf(m[r], top), correction = expf(m[r] - m_new);
+      float p[2][2], sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) sum += p[nt][x] = expf(s[nt][2 * r + x] - m_new);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l[r] = l[r] * correction + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int nt = 0; nt < kMaxSteps * 2; ++nt) o[nt][2 * r] *= correction, o[nt][2 * r + 1] *= correction;
+      // P as the A fragment: rows g / g + 8 at registers 0 / 1 (keys 2t, 2t+1) and 2 / 3 (8 + 2t, ...).
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const Split x = hi_lo(p[nt][0], p[nt][1]);
+        phi[2 * nt + r] = x.hi, plo[2 * nt + r] = x.lo;
+      }
+    }
+
+    // O += P·V over this quarter's columns, two n-tiles per ldmatrix (transposed: keys are k).
+    // Lane i gives key (i % 8) + 8·(i / 8 % 2), columns + 8·(i / 16).
+    const int vkey = lane % 8 + 8 * (lane / 8 % 2), vcol = 8 * (lane / 16);
+#pragma unroll
+    for (int nt = 0; nt < kMaxSteps * 2; nt += 2) {
+      if (nt * 8 >= quarter) break;
+      const int d = part * quarter + nt * 8 + vcol;
+      uint32_t vh[4], vl[4];
+      ldmatrix_x4(vh, &khi[vkey * stride + d], true);
+      ldmatrix_x4(vl, &klo[vkey * stride + d], true);
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        mma(o[nt + x], phi, vh[2 * x], vh[2 * x + 1]);
+        mma(o[nt + x], plo, vh[2 * x], vh[2 * x + 1]);
+        mma(o[nt + x], phi, vl[2 * x], vl[2 * x + 1]);
+      }
+    }
+  }
+
+  // Lane's values: n-tile nt, columns part·quarter + 8·nt + 2t (+1), rows g (0, 1) and g + 8 (2, 3).
+  const int stride_z = gridDim.z;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = r == 0 ? h0 : h1;
+    if (h >= heads) continue;
+    float* row;
+    if (splits == 1) {
+      row = out + (int64_t{b} * heads + h) * head_dim;
+    } else {  // partial[(b, h, split)] = m, l, then head_dim sums, as the decode kernel's
+      float* prow = partial + ((int64_t{b} * heads + h) * stride_z + split) * (head_dim + 2);
+      if (part == 0 && t == 0) prow[0] = m[r], prow[1] = l[r];
+      row = prow + 2;
+    }
+#pragma unroll
+    for (int nt = 0; nt < kMaxSteps * 2; ++nt) {
+      const int d = part * quarter + nt * 8 + 2 * t;
+      if (nt * 8 >= quarter) break;
+      if (d < head_dim) row[d] = splits == 1 ? o[nt][2 * r] / l[r] : o[nt][2 * r];
+      if (d + 1 < head_dim) row[d + 1] = splits == 1 ? o[nt][2 * r + 1] / l[r] : o[nt][2 * r + 1];
+    }
+  }
+}
+
+}  // namespace mma_rows
 }  // namespace
 
 int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys) {
@@ -157,45 +386,83 @@ int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_ke
   return splits == 1 ? 0 : int64_t{sequences} * heads * splits * (head_dim + 2);
 }
 
-void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
-                   const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, float* scratch, int max_keys, PagedTables paged, void* stream) {
+namespace {
+
+// What both launchers check before launching.
+void check_call(const char* who, int sequences, int head_dim, PagedTables paged) {
   if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
-    throw std::runtime_error("cuda::attend_decode: head_dim " + std::to_string(head_dim) + " is not in 1.." +
+    throw std::runtime_error(std::string(who) + ": head_dim " + std::to_string(head_dim) + " is not in 1.." +
                              std::to_string(kMaxAttentionHeadDim));
   }
+  if (sequences > 65535) throw std::runtime_error(std::string(who) + ": more than 65535 query rows");
+  if (paged.tables && paged.rows_per_block < 1) {
+    throw std::runtime_error(std::string(who) + ": paged keys without rows per block");
+  }
+}
+
+// Merges the split rows' pieces (a no-op for rows whose list was not split).
+void launch_combine(const float* scratch, const int32_t* key_offsets, int sequences, int heads, int head_dim,
+                    int splits, int keys_per_split, float* out, cudaStream_t stream) {
+  combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, stream>>>(scratch, key_offsets, heads, head_dim,
+                                                                                  splits, keys_per_split, out);
+  check(cudaGetLastError(), "attention combine launch");
+}
+
+}  // namespace
+
+void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
+                   const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
+                   float* out, float* scratch, int max_keys, PagedTables paged, void* stream_ptr) {
+  check_call("cuda::attend_decode", sequences, head_dim, paged);
   if (sequences <= 0 || heads <= 0) return;
-  if (sequences > 65535) throw std::runtime_error("cuda::attend_decode: more than 65535 sequences");
-  if (paged.tables && paged.rows_per_block < 1) throw std::runtime_error("cuda::attend_decode: paged keys without rows per block");
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const int splits = splits_of(max_keys);
   if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_decode: no scratch for split keys");
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
-  decode<<<grid, kHeadsPerBlock * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch, paged);
+  decode<<<grid, kHeadsPerBlock * kWarp, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
+                                                      scratch, paged);
   check(cudaGetLastError(), "attend_decode launch");
+  if (splits > 1) launch_combine(scratch, key_offsets, sequences, heads, head_dim, splits, kKeysPerSplit, out, stream);
+}
+
+void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
+                const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                int max_keys, PagedTables paged, void* stream_ptr) {
+  check_call("cuda::attend_mma", rows, head_dim, paged);
+  if (rows <= 0 || heads <= 0) return;
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int splits = splits_of(max_keys, mma_rows::kKeysPerSplit);
+  if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_mma: no scratch for split keys");
+  const dim3 grid((heads + mma_rows::kHeads - 1) / mma_rows::kHeads, rows, splits);
+  mma_rows::attend<<<grid, mma_rows::kThreads, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks,
+                                                            scale, out, scratch, paged);
+  check(cudaGetLastError(), "attend_mma launch");
   if (splits > 1) {
-    combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, static_cast<cudaStream_t>(stream)>>>(
-        scratch, key_offsets, heads, head_dim, splits, out);
-    check(cudaGetLastError(), "attend_decode combine launch");
+    launch_combine(scratch, key_offsets, rows, heads, head_dim, splits, mma_rows::kKeysPerSplit, out, stream);
   }
 }
 
 void register_attention(Registry& registry) {
-  // Prefill and verify run the same kernel with one "sequence" per query token (each
-  // token has its own key list), on CUDA cores: correct, but without the tensor-core
-  // reuse of keys across a chunk's tokens that a prefill kernel should have.
-  const auto add = [&](Op op, const char* summary) {
-    KernelInfo k{.name = "cuda_decode_attention",
+  const auto add = [&](const char* name, auto* entry, Op op, int priority, const char* summary) {
+    KernelInfo k{.name = name,
                  .op = op,
                  .archs = ArchSet::gpus_from(Arch::sm_80),
                  .activations = {Activation::f32},
-                 .priority = 1,
+                 .priority = priority,
                  .summary = summary};
-    registry.add(std::move(k.with_entry(&attend_decode)));
+    registry.add(std::move(k.with_entry(entry)));
   };
-  add(Op::attention_decode, "one query per sequence over indexed window + compressed keys, sink, online softmax");
-  add(Op::attention_prefill, "the decode kernel once per chunk token (CUDA cores, no MMA yet)");
-  add(Op::attention_verify, "the decode kernel once per draft token (CUDA cores, no MMA yet)");
+  // The CUDA-core kernel: f32 throughout, one query row per block group. Decode and
+  // verify stay on it so a speculative step's rows get the bits plain decoding gets.
+  add("cuda_decode_attention", &attend_decode, Op::attention_decode, 1,
+      "one query per sequence over indexed window + compressed keys, sink, online softmax (CUDA cores)");
+  add("cuda_decode_attention", &attend_decode, Op::attention_prefill, 1,
+      "the decode kernel once per chunk token (CUDA cores)");
+  add("cuda_decode_attention", &attend_decode, Op::attention_verify, 1,
+      "the decode kernel once per draft token, so verified rows equal decoded ones bit for bit");
+  // mma.sync bf16 is on every GPU from sm_80 on.
+  add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2,
+      "tensor cores (mma.sync, f32 as bf16 hi + lo): 32 heads of a query row against 16 keys at a time");
 }
 
 }  // namespace keel::cuda

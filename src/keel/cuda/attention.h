@@ -1,5 +1,5 @@
-// Decode attention on the GPU (dsv4-forward.md §5.4, §5.8): the CUDA counterpart of
-// ops/attention.h's `attend`, tested against it. One query token per sequence; every
+// Attention on the GPU (dsv4-forward.md §5.4, §5.8): the CUDA counterparts of
+// ops/attention.h's `attend`, tested against it. One query token per row; every
 // query head attends to the same single K=V head over a key list (window keys and the
 // selected compressed entries) given as row indices into one key buffer, with a learned
 // sink logit per head. The inverse RoPE of the output is separate (cuda/rope.h).
@@ -31,6 +31,16 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
                    float* out, float* scratch, int max_keys, PagedTables paged = {}, void* stream = nullptr);
 int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_keys);
+
+// The same call for many query rows (prefill), on tensor cores: a block takes 32 heads
+// of one row against 16 keys at a time (mma.sync m16n8k16), every f32 operand split
+// into bf16 hi + lo and multiplied as hi·hi + lo·hi + hi·lo, so a product keeps about
+// 16 bits (the CPU reference's f32 keeps 24): scores differ from it by at most about
+// 2^-15 of scale·Σ_d |q_d·k_d|. Lists over 512 keys are split and merged as above, by
+// their length only; the scratch it needs is at most attend_decode_scratch's.
+void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
+                const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                int max_keys, PagedTables paged = {}, void* stream = nullptr);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_attention(Registry& registry);

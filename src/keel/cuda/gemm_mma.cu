@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/mma_bf16.cuh"
 #include "cuda/mma_shares.cuh"
 #include "cuda/moe.h"
 #include "cuda/weight_decode.cuh"
@@ -33,32 +34,6 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));  // + (-0): the product
   return d;
-}
-
-// bf16(lo) in the low half, bf16(hi) in the high half, rounded to nearest even.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-
-// A pair of activations as bf16 hi + lo: hi = bf16(x), lo = bf16(x - hi) (x - hi is
-// exact in f32). The two MMAs carry about 16 bits of x.
-struct Split {
-  uint32_t hi, lo;
-};
-__device__ __forceinline__ Split hi_lo(float a, float b) {
-  const uint32_t hi = pack_bf16x2(a, b);
-  const float ra = __fsub_rn(a, __uint_as_float(hi << 16));
-  const float rb = __fsub_rn(b, __uint_as_float(hi & 0xffff0000u));
-  return {hi, pack_bf16x2(ra, rb)};
-}
-
-// d += A·B for one 16x8x16 tile.
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // A weight chunk read once: not kept in L1 (other warps never reread it), fetched

@@ -34,6 +34,7 @@ struct GpuModel::Kernels {
   decltype(&cuda::embed) embedding = nullptr;
   decltype(&cuda::attend_decode) attend_prefill = nullptr;
   decltype(&cuda::attend_decode) attend_decode = nullptr;
+  decltype(&cuda::attend_decode) attend_verify = nullptr;  // planned where the model has an MTP layer
   decltype(&cuda::pool_slots) pool = nullptr;
   decltype(&cuda::indexer_select) index = nullptr;
   decltype(&cuda::hyper_mix) mix = nullptr;
@@ -76,6 +77,7 @@ GpuModel::Kernels bind_layer(const Plan& plan, int layer, ModelRole role = Model
   GpuModel::Kernels k;
   bind_common(k, plan, layer, role);
   bind_entry(k.used, plan, layer, role, Op::moe_routing, k.routing);
+  bind_entry(k.used, plan, layer, role, Op::attention_verify, k.attend_verify);
   // Sampling is the device kernel when the plan chose it; the plan's "host" sampler is
   // the CPU's over rows copied back.
   const PlanEntry* sampling = layer < 0 ? plan.find(layer, role, Op::sampling) : nullptr;
@@ -673,17 +675,32 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
   }
   s.mark("attention: attend, inverse rope");
   float* o = grow(ws.o, S * H * hd);
-  const bool decode = std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.count == 1; });
-  const auto attend = decode ? s.k.attend_decode : s.k.attend_prefill;
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
   const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
   const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, S);
   float* scratch = grow(ws.attention_scratch, group * per_row);
-  for (int64_t r = 0; r < S; r += group) {
-    const int64_t n = std::min(group, S - r);
-    attend(q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
-           ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
-           o + r * H * hd, scratch, longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
+  // A part's rows go through its own kind's kernel, so a row's bits never depend on the
+  // other parts of the call: one-token parts (decode) through the decode kernel, longer
+  // chunks through the prefill kernel, and a verification's drafts (a call with a
+  // journal) through the verify kernel. Consecutive parts of a kind share launches.
+  const auto kernel_of = [&](const Part& p) {
+    const auto kernel = p.count == 1 ? s.k.attend_decode : s.journal ? s.k.attend_verify : s.k.attend_prefill;
+    if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU attention kernel was planned for this kind of chunk");
+    return kernel;
+  };
+  for (size_t first = 0, end = 0; first < parts.size(); first = end) {
+    const auto attend = kernel_of(parts[first]);
+    int run_longest = 0;
+    for (end = first; end < parts.size() && kernel_of(parts[end]) == attend; ++end) {
+      run_longest = std::max(run_longest, keys.longest[end]);
+    }
+    const int64_t run_end = parts[end - 1].row + parts[end - 1].count;
+    for (int64_t r = parts[first].row; r < run_end; r += group) {
+      const int64_t n = std::min(group, run_end - r);
+      attend(q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
+             ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
+             o + r * H * hd, scratch, run_longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
+    }
   }
   for (const Part& part : parts) {  // then the ring keeps the newest keys
     DeviceLayerState& st = part.sequence->layers[layer];

@@ -14,9 +14,12 @@
 // The MTP layer runs after the trunk's layers as a draft-role layer (draft, verify,
 // mark/rewind for speculative decoding, cuda/speculative_target.h).
 //
-// What is not here yet: tensor-core attention for prefill (the decode kernel runs per
-// query token), CUDA graphs (the block tables are built on the host each step), and
-// speculation inside the batched engine.
+// Attention takes a kernel per kind of chunk (the plan's attention_prefill for chunks of
+// several tokens, attention_decode for one, attention_verify for a verification's drafts),
+// so a row's result never depends on what else is in the call.
+//
+// What is not here yet: CUDA graphs (the block tables are built on the host each step),
+// tensor-core attention for decode and verify, and speculation inside the batched engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -162,7 +165,9 @@ class GpuModel {
                    const RowChoice& choice, DeviceBuffer<float>& out_streams) const;
   // A verification: `tokens` on one sequence, the last choices.size() rows summarized
   // for them (as forward's rows), every row's streams into `streams` ([n, hc, D],
-  // device), and with a journal the compressors' inputs.
+  // device), and with a journal the compressors' inputs. With a journal the tokens are
+  // drafts and attend through the planned verify kernel (the decode kernel's bits);
+  // without one they are a prompt whose streams a draft needs, and attend as a prefill.
   std::vector<RowSummary> verify(DeviceSequence& sequence, std::span<const int32_t> tokens,
                                  std::span<const RowChoice> choices, DeviceBuffer<float>& streams,
                                  DeviceJournal* journal) const;
