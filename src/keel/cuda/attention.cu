@@ -290,11 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ldmatrix_x4(bh, &khi[key * stride + d], false);
       ldmatrix_x4(bl, &klo[key * stride + d], false);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        mma(s[nt], qhi[st], bh[2 * nt], bh[2 * nt + 1]);
-        mma(s[nt], qlo[st], bh[2 * nt], bh[2 * nt + 1]);
-        mma(s[nt], qhi[st], bl[2 * nt], bl[2 * nt + 1]);
-      }
+      for (int nt = 0; nt < 2; ++nt) mma_split(s[nt], qhi[st], qlo[st], bh[2 * nt], bh[2 * nt + 1], bl[2 * nt], bl[2 * nt + 1]);
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) reduce[warp][e][lane] = s[e / 4][e % 4];
@@ -346,11 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ldmatrix_x4(vh, &khi[vkey * stride + d], true);
       ldmatrix_x4(vl, &klo[vkey * stride + d], true);
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        mma(o[nt + x], phi, vh[2 * x], vh[2 * x + 1]);
-        mma(o[nt + x], plo, vh[2 * x], vh[2 * x + 1]);
-        mma(o[nt + x], phi, vl[2 * x], vl[2 * x + 1]);
-      }
+      for (int x = 0; x < 2; ++x) mma_split(o[nt + x], phi, plo, vh[2 * x], vh[2 * x + 1], vl[2 * x], vl[2 * x + 1]);
     }
   }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <stdexcept>
 #include <string>
@@ -46,7 +47,15 @@ __device__ __forceinline__ uint4 load_weights(const uint8_t* p) {
   return r;
 }
 
-__device__ __forceinline__ float4 load_x(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+// x from global memory through the read-only path, or from a block's staged tile.
+template <bool kShared>
+__device__ __forceinline__ float4 load_x(const float* p) {
+  if constexpr (kShared) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    return __ldg(reinterpret_cast<const float4*>(p));
+  }
+}
 
 __device__ __forceinline__ uint32_t word(const uint4& c, int i) {
   return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w;
@@ -75,8 +84,9 @@ struct Mma<WeightFormat::bf16> {
   __device__ static void a_regs(const uint4& c, int j, const Factors&, uint32_t& low, uint32_t& high) {
     low = word(c, 2 * j), high = word(c, 2 * j + 1);
   }
+  template <bool kShared>
   __device__ static void x_slots(const float* p, int j, float4 (&)[2], float v[4]) {
-    const float4 q = load_x(p + 4 * j);
+    const float4 q = load_x<kShared>(p + 4 * j);
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   }
 };
@@ -106,8 +116,9 @@ struct Mma<WeightFormat::fp8_block> {
     low = mul_bf16x2(((w << 8) & 0x80008000u) | ((w << 4) & 0x07f007f0u), k2p120);
     high = mul_bf16x2((w & 0x80008000u) | ((w >> 4) & 0x07f007f0u), k2p120);
   }
+  template <bool kShared>
   __device__ static void x_slots(const float* p, int j, float4 (&)[2], float v[4]) {
-    const float4 q = load_x(p + 4 * j);
+    const float4 q = load_x<kShared>(p + 4 * j);
     v[0] = q.x, v[1] = q.z, v[2] = q.y, v[3] = q.w;
   }
 };
@@ -163,9 +174,10 @@ struct Fp4Mma {
     }
   }
   // MMAs 2i and 2i+1 share the x of word i: loaded for the first, kept in q for the second.
+  template <bool kShared>
   __device__ static void x_slots(const float* p, int j, float4 (&q)[2], float v[4]) {
     if (j % 2 == 0) {
-      q[0] = load_x(p + 4 * j), q[1] = load_x(p + 4 * j + 4);
+      q[0] = load_x<kShared>(p + 4 * j), q[1] = load_x<kShared>(p + 4 * j + 4);
       v[0] = q[0].x, v[1] = q[1].x, v[2] = q[0].y, v[3] = q[1].y;
     } else {
       v[0] = q[0].z, v[1] = q[1].z, v[2] = q[0].w, v[3] = q[1].w;
@@ -208,6 +220,116 @@ struct Pairs {
   __device__ float* y_row(int j) const { return y + pair(j) * out; }
 };
 
+// What both tiles share. A lane's weight rows, g and g + 8 of each of a warp's R row
+// tiles (rows past the end read the last row again: never stored): where its 16-byte
+// chunk of each row starts, and its scale bytes.
+template <WeightFormat F, int R>
+struct LaneRows {
+  using Fmt = Mma<F>;
+  const uint8_t *src[R][2], *scales[R][2];
+  __device__ LaneRows(const DeviceWeight& w, int64_t row0, int g, int t) {
+    const int64_t row_bytes = w.in * Fmt::kBits / 8;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = min(row0 + 16 * i + g + 8 * h, w.out - 1);
+        src[i][h] = static_cast<const uint8_t*>(w.data) + row * row_bytes + 16 * t;
+        scales[i][h] = Fmt::scales(w, row, t);
+      }
+    }
+  }
+  // The chunks and scale bits of the step at k.
+  __device__ void load(int64_t k, uint4 (&chunk)[R][2], uint32_t (&bits)[R][2]) const {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        chunk[i][h] = load_weights(src[i][h] + k / kStep<F> * 64);
+        bits[i][h] = Fmt::scale_bits(scales[i][h], k);
+      }
+    }
+  }
+  // FP8: the block scales of the 128-k block at k.
+  __device__ void block_scales(const DeviceWeight& w, int64_t k, float (&scale)[R][2]) const {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale[i][h] = Fmt::block_scale(w, scales[i][h], k);
+    }
+  }
+};
+
+// The multipliers of a step's chunks; true if any lane of the warp needs MXFP4's second one.
+template <WeightFormat F, int R>
+__device__ __forceinline__ bool step_factors(const uint32_t (&bits)[R][2], Factors (&f)[R][2]) {
+  bool big = false;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f[i][h] = Mma<F>::factors(bits[i][h]);
+      big |= f[i][h].big;
+    }
+  }
+  return F == WeightFormat::mxfp4 && __any_sync(0xffffffffu, big);
+}
+
+// One step: every MMA of the chunks `raw` against the first `groups` column groups, x of
+// group c from x[c] (this lane's V values of the step, global or shared), hi then lo.
+template <WeightFormat F, int R, int C, bool kShared, bool kBig>
+__device__ __forceinline__ void mma_step(const uint4 (&raw)[R][2], const Factors (&f)[R][2],
+                                         const float* const (&x)[C], int groups, float (&sum)[R][C][4]) {
+  using Fmt = Mma<F>;
+  float4 xq[C][2];  // x loads an MMA shares with the next (FP4)
+#pragma unroll
+  for (int j = 0; j < Fmt::kValues / 4; ++j) {
+    uint32_t a[R][4];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      Fmt::template a_regs<kBig>(raw[i][0], j, f[i][0], a[i][0], a[i][2]);
+      Fmt::template a_regs<kBig>(raw[i][1], j, f[i][1], a[i][1], a[i][3]);
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (c > 0 && c >= groups) break;  // a tile has a token: no test for the first group
+      float v[4];
+      Fmt::template x_slots<kShared>(x[c], j, xq[c], v);
+      const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        mma(sum[i][c], a[i], b0.hi, b1.hi);
+        mma(sum[i][c], a[i], b0.lo, b1.lo);
+      }
+    }
+  }
+}
+
+// FP8: a 128-k block's sums times their rows' scales into acc; the sums restart.
+template <int R, int C>
+__device__ __forceinline__ void fold_block(float (&sum)[R][C][4], const float (&scale)[R][2], float (&acc)[R][C][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        acc[i][c][r] = __fmaf_rn(sum[i][c][r], scale[i][r / 2], acc[i][c][r]);
+        sum[i][c][r] = 0.0f;
+      }
+    }
+  }
+}
+
+// A finished value of row `o` for column j: stored unless past the weight or the tile
+// (NVFP4 sums are the value times 2^-8, see Fp4Mma).
+template <WeightFormat F, typename Columns>
+__device__ __forceinline__ void store(const DeviceWeight& w, const Columns& cols, int64_t o, int j, float v) {
+  if (o >= w.out || j >= cols.count) return;
+  if constexpr (F == WeightFormat::nvfp4) v = __fmul_rn(v, w.global_scale * 256.0f);
+  cols.y_row(j)[o] = v;
+}
+
 // Row block `block` holds kWarps / split row warps of 16·R rows each, `split` warps per
 // row warp sharing its k in contiguous shares of 128-k units; it computes them for the
 // tile's columns. Rows past the end (in the last block) read the last row again, columns
@@ -220,8 +342,7 @@ struct Pairs {
 // tokens.
 template <WeightFormat F, int R, int C, typename Columns>
 __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
-  using Fmt = Mma<F>;
-  constexpr int V = Fmt::kValues, J = V / 4, K = kStep<F>;
+  constexpr int V = Mma<F>::kValues, K = kStep<F>;
   constexpr bool kFp8 = F == WeightFormat::fp8_block;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   const int share = warp % split;
@@ -231,17 +352,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   const int64_t k_begin = share * units / split * kUnit, k_end = min(w.in, (share + 1) * units / split * kUnit);
 
   // This lane's rows (g and g+8 of each tile) and its token of each column group.
-  const int64_t row_bytes = w.in * Fmt::kBits / 8;
-  const uint8_t *src[R][2], *scales[R][2];
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(row0 + 16 * i + g + 8 * h, w.out - 1);
-      src[i][h] = static_cast<const uint8_t*>(w.data) + row * row_bytes + 16 * t;
-      scales[i][h] = Fmt::scales(w, row, t);
-    }
-  }
+  const LaneRows<F, R> rows(w, row0, g, t);
   const float* xt[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) xt[c] = cols.x_row(min(8 * c + g, cols.count - 1)) + V * t;
@@ -249,90 +360,37 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   float sum[R][C][4] = {};  // the MMAs' accumulators (FP8: of the current 128-k block)
   float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
 
-  // One step: every MMA of the chunks `raw` against each column group's x.
-  const auto step = [&]<bool kBig>(const uint4 (&raw)[R][2], const Factors (&f)[R][2], int64_t k) {
-    float4 xq[C][2];  // x loads an MMA shares with the next (FP4)
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      uint32_t a[R][4];
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        Fmt::template a_regs<kBig>(raw[i][0], j, f[i][0], a[i][0], a[i][2]);
-        Fmt::template a_regs<kBig>(raw[i][1], j, f[i][1], a[i][1], a[i][3]);
-      }
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-        if (c > 0 && c >= groups) break;  // a tile has a token: no test for the first group
-        float v[4];
-        Fmt::x_slots(xt[c] + k, j, xq[c], v);
-        const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-          mma(sum[i][c], a[i], b0.hi, b1.hi);
-          mma(sum[i][c], a[i], b0.lo, b1.lo);
-        }
-      }
-    }
-  };
-
   // With one column group, the weight chunks (and scale bytes) of the next step load
   // while this one computes: a step is short. More groups make it long enough (and need
   // the registers).
   constexpr bool kPrefetch = C == 1;
   uint4 raw[R][2];
   uint32_t bits[R][2];
-  const auto load = [&](int64_t k, uint4 (&chunk)[R][2], uint32_t (&b)[R][2]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        chunk[i][h] = load_weights(src[i][h] + k / K * 64);
-        b[i][h] = Fmt::scale_bits(scales[i][h], k);
-      }
-    }
-  };
-  if (kPrefetch && k_begin < k_end) load(k_begin, raw, bits);
+  if (kPrefetch && k_begin < k_end) rows.load(k_begin, raw, bits);
   float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
   for (int64_t k = k_begin; k < k_end; k += K) {
     uint4 next[R][2];
     uint32_t next_bits[R][2];
     if constexpr (kPrefetch) {
-      load(min(k + K, k_end - K), next, next_bits);  // the last step loads itself again
+      rows.load(min(k + K, k_end - K), next, next_bits);  // the last step loads itself again
     } else {
-      load(k, raw, bits);
+      rows.load(k, raw, bits);
     }
     Factors f[R][2];
-    bool big = false;
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        f[i][h] = Fmt::factors(bits[i][h]);
-        big |= f[i][h].big;
-        if constexpr (kFp8) {
-          if (k % kUnit == 0) scale[i][h] = Fmt::block_scale(w, scales[i][h], k);
-        }
-      }
+    const bool big = step_factors<F, R>(bits, f);
+    if constexpr (kFp8) {
+      if (k % kUnit == 0) rows.block_scales(w, k, scale);
     }
-    if (F == WeightFormat::mxfp4 && __any_sync(0xffffffffu, big)) {
-      step.template operator()<true>(raw, f, k);
+    const float* x[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) x[c] = xt[c] + k;
+    if (big) {
+      mma_step<F, R, C, false, true>(raw, f, x, groups, sum);
     } else {
-      step.template operator()<false>(raw, f, k);
+      mma_step<F, R, C, false, false>(raw, f, x, groups, sum);
     }
     if constexpr (kFp8) {
-      if ((k + K) % kUnit == 0 || k + K >= k_end) {
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-#pragma unroll
-          for (int c = 0; c < C; ++c) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              acc[i][c][r] = __fmaf_rn(sum[i][c][r], scale[i][r / 2], acc[i][c][r]);
-              sum[i][c][r] = 0.0f;
-            }
-          }
-        }
-      }
+      if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
     }
     if constexpr (kPrefetch) {
 #pragma unroll
@@ -343,28 +401,138 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     }
   }
 
-  // The shares' sums, added in share order. NVFP4 sums are the value times 2^-8 (see
-  // Fp4Mma).
+  // The shares' sums, added in share order.
   const float(&total)[R][C][4] = kFp8 ? acc : sum;
-  const float post = F == WeightFormat::nvfp4 ? w.global_scale * 256.0f : 1.0f;
   __shared__ float shares[kWarps][R * C * 4][kWarp];
-  add_shares(total, shares, warp, lane, share, split, [&](int row, int j, float v) {
-    const int64_t o = row0 + row;
-    if (o >= w.out || j >= cols.count) return;
-    if constexpr (F == WeightFormat::nvfp4) v = __fmul_rn(v, post);
-    cols.y_row(j)[o] = v;
-  });
+  add_shares(total, shares, warp, lane, share, split,
+             [&](int row, int j, float v) { store<F>(w, cols, row0 + row, j, v); });
+}
+
+// --- Many tokens: x staged once per block -------------------------------------------------
+//
+// With more than 8 tokens a tile is long enough to share its x: the block's warps take 8
+// consecutive row tiles (16·R rows each) over the whole of k, and each 128-k unit of the
+// tile's x is staged once in shared memory (cp.async, double-buffered) for all of them,
+// where mma_tile's warps each read their own x from L2 (about split·8 times less x
+// traffic). Each warp still sums as mma_tile's split warps do: a share of k from zero,
+// its MMAs in k order (FP8: the 128-k blocks times their scales), then the shares'
+// totals added in share order. So a token's row has the same bits from either tile.
+
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
+               "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+template <WeightFormat F, int R, int C, typename Columns>
+__device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
+  constexpr int V = Mma<F>::kValues, K = kStep<F>;
+  constexpr bool kFp8 = F == WeightFormat::fp8_block;
+  // A token's unit of x: each lane's V values 4 floats after the previous lane's, so the
+  // lanes of a quarter-warp read distinct banks.
+  constexpr int kTokens = 8 * C, kStride = kUnit + 4 * (kUnit / V);
+  __shared__ __align__(16) float tile[2][kTokens * kStride];
+  __shared__ const float* x_rows[kTokens];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int64_t row0 = (block * kWarps + warp) * (16 * R);
+  const int groups = min(C, (cols.count + 7) / 8);
+  const int64_t units = (w.in + kUnit - 1) / kUnit;
+
+  if (threadIdx.x < kTokens) x_rows[threadIdx.x] = cols.x_row(min(static_cast<int>(threadIdx.x), cols.count - 1));
+  __syncthreads();
+  const auto stage = [&](int64_t u) {  // unit u's x into buffer u % 2
+    const int64_t k0 = u * kUnit;
+    const int quads = static_cast<int>(min(int64_t{kUnit}, w.in - k0)) / 4;
+    for (int e = threadIdx.x; e < kTokens * quads; e += kThreads) {
+      const int j = e / quads, f = 4 * (e % quads);
+      cp_async16(&tile[u % 2][j * kStride + f + 4 * (f / V)], x_rows[j] + k0 + f);
+    }
+    cp_async_commit();
+  };
+
+  const LaneRows<F, R> rows(w, row0, g, t);
+  float sum[R][C][4] = {};    // the MMAs' accumulators (FP8: of the current 128-k block)
+  float acc[R][C][4] = {};    // FP8: the share's blocks, each times its scale
+  float total[R][C][4] = {};  // the shares so far, added in share order
+  int share = 0;
+  int64_t share_end = units / split;  // the first unit past this share
+  stage(0);
+  for (int64_t u = 0; u < units; ++u) {
+    if (u + 1 < units) {
+      stage(u + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // unit u's x is staged
+    const int64_t k0 = u * kUnit, k1 = min(w.in, k0 + kUnit);
+    float scale[R][2];
+    if constexpr (kFp8) rows.block_scales(w, k0, scale);
+    for (int64_t k = k0; k < k1; k += K) {
+      uint4 raw[R][2];
+      uint32_t bits[R][2];
+      rows.load(k, raw, bits);
+      Factors f[R][2];
+      const bool big = step_factors<F, R>(bits, f);
+      // This lane's V values of the step: lane t's chunk, 4 floats of padding per chunk before it.
+      const int64_t at = k - k0 + V * t;
+      const float* x[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) x[c] = tile[u % 2] + (8 * c + g) * kStride + at + 4 * (at / V);
+      if (big) {
+        mma_step<F, R, C, true, true>(raw, f, x, groups, sum);
+      } else {
+        mma_step<F, R, C, true, false>(raw, f, x, groups, sum);
+      }
+    }
+    if constexpr (kFp8) fold_block(sum, scale, acc);
+    if (u + 1 == share_end) {  // the share is done: into the total, in share order
+      float(&part)[R][C][4] = kFp8 ? acc : sum;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            total[i][c][r] = share == 0 ? part[i][c][r] : __fadd_rn(total[i][c][r], part[i][c][r]);
+            part[i][c][r] = 0.0f;
+          }
+        }
+      }
+      ++share;
+      share_end = (share + 1) * units / split;
+    }
+    __syncthreads();  // buffer u % 2 is restaged for unit u + 2
+  }
+
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) store<F>(w, cols, row0 + 16 * i + g + 8 * (r / 2), 8 * c + 2 * t + r % 2, total[i][c][r]);
+    }
+  }
 }
 
 // Block `blockIdx.x / passes` of rows, tokens [8·C·pass, 8·C·(pass + 1)) for pass
-// `blockIdx.x % passes`.
-template <WeightFormat F, int R, int C>
+// `blockIdx.x % passes`, by the split warps' tile or (kStaged) the staged one.
+template <WeightFormat F, int R, int C, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_linear(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens, int split,
                unsigned passes) {
   const int64_t tok0 = int64_t{blockIdx.x % passes} * (8 * C);
   const int count = static_cast<int>(min(int64_t{8 * C}, tokens - tok0));
-  mma_tile<F, R, C>(w, blockIdx.x / passes, split, Consecutive{x + tok0 * w.in, y + tok0 * w.out, w.in, w.out, count});
+  const Consecutive cols{x + tok0 * w.in, y + tok0 * w.out, w.in, w.out, count};
+  if constexpr (kStaged) {
+    staged_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
+  } else {
+    mma_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
+  }
 }
 
 // Block (blockIdx.x, blockIdx.y): rows block blockIdx.x for the pairs of group
@@ -372,8 +540,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Blocks past the groups group_pairs made do nothing; a group of unrouted pairs or of
 // an expert without data (another rank's) writes zeros. Ungrouped, group p is pair p
 // alone. Each expert's shape and encoding are like's; its pointers, first row and
-// global scale come from its table entry.
-template <WeightFormat F, int R, int C, bool kGrouped>
+// global scale come from its table entry. kStaged: the staged tile (grouped only).
+template <WeightFormat F, int R, int C, bool kGrouped, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_pairs(const DeviceWeight* __restrict__ table, DeviceWeight like, const int32_t* __restrict__ experts,
               const int32_t* __restrict__ order, const PairGroup* __restrict__ groups,
@@ -390,14 +558,18 @@ __global__ void __launch_bounds__(kThreads, 2)
                             group.count};
   const DeviceWeight* e = group.expert < 0 ? nullptr : table + group.expert;
   if (e == nullptr || e->data == nullptr) {
-    const int64_t rows = int64_t{kWarps / split} * 16 * R, first = blockIdx.x * rows;
+    const int64_t rows = int64_t{kStaged ? kWarps : kWarps / split} * 16 * R, first = blockIdx.x * rows;
     const int n = static_cast<int>(min(rows, like.out - first));
     for (int i = threadIdx.x; i < group.count * n; i += kThreads) cols.y_row(i / n)[first + i % n] = 0.0f;
     return;
   }
   DeviceWeight w = like;
   w.data = e->data, w.scale = e->scale, w.first_row = e->first_row, w.global_scale = e->global_scale;
-  mma_tile<F, R, C>(w, blockIdx.x, split, cols);
+  if constexpr (kStaged) {
+    staged_tile<F, R, C>(w, blockIdx.x, split, cols);
+  } else {
+    mma_tile<F, R, C>(w, blockIdx.x, split, cols);
+  }
 }
 
 // A warp's tile: up to 8 tokens, 2 row tiles (32 rows) by 1 column group, so x's
@@ -409,15 +581,41 @@ constexpr int kFewTokens = 8;
 template <WeightFormat F>
 constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 
+// Whether a staged launch of `blocks` blocks (8 row tiles each) still fills the GPU
+// several times over; otherwise the split warps' tile, 8/split times the blocks, runs
+// instead (a batch of 64 tokens leaves a staged wo_b 64 blocks). Either gives the same
+// bits; set_mma_tiles overrides the choice.
+std::atomic<MmaTiles> tiles_in_use{MmaTiles::automatic};
+
+bool staged_fills_gpu(int64_t blocks) {
+  if (tiles_in_use != MmaTiles::automatic) return tiles_in_use == MmaTiles::staged;
+  static int multiprocessors[64] = {};  // per device, read once (a benign race: the same value)
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int& n = multiprocessors[device % 64];
+  if (n == 0) check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return blocks >= 4 * int64_t{n};
+}
+
 template <WeightFormat F, int R, int C>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
   const int split = mma_k_split(w);
-  const int64_t rows = int64_t{kWarps / split} * 16 * R;
   const int64_t passes = (tokens + 8 * C - 1) / (8 * C);
+  const int64_t staged_rows = int64_t{kWarps} * 16 * R;
+  // Several column groups share x through the block (staged_tile) where that fills the GPU.
+  const bool staged = C > 1 && staged_fills_gpu((w.out + staged_rows - 1) / staged_rows * passes);
+  const int64_t rows = staged ? staged_rows : int64_t{kWarps / split} * 16 * R;
   const int64_t blocks = (w.out + rows - 1) / rows * passes;
   if (blocks > INT_MAX) throw std::runtime_error("cuda::linear_mma: " + std::to_string(tokens) + " tokens in one call");
+  if constexpr (C > 1) {
+    if (staged) {
+      mma_linear<F, R, C, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
+                                                                                       static_cast<unsigned>(passes));
+      return check(cudaGetLastError(), "linear_mma launch");
+    }
+  }
   mma_linear<F, R, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
-                                                                               static_cast<unsigned>(passes));
+                                                                             static_cast<unsigned>(passes));
   check(cudaGetLastError(), "linear_mma launch");
 }
 
@@ -453,13 +651,25 @@ void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& li
     group_pairs(experts, pairs, n_table, kTile, order, groups, count, stream);
   }
   const int split = mma_k_split(like);
-  const int64_t rows = int64_t{kWarps / split} * 16 * R, blocks = (like.out + rows - 1) / rows;
   const int64_t most = kGrouped ? std::min(pairs, std::min(pairs, int64_t{n_table} + 1) + pairs / kTile) : pairs;
+  // Several column groups share x through the block (staged_tile) where the groups'
+  // full tiles alone fill the GPU.
+  const int64_t staged_rows = int64_t{kWarps} * 16 * R;
+  const bool staged = C > 1 && staged_fills_gpu((like.out + staged_rows - 1) / staged_rows * (pairs / kTile));
+  const int64_t rows = staged ? staged_rows : int64_t{kWarps / split} * 16 * R, blocks = (like.out + rows - 1) / rows;
   if (most > 65535 || blocks > INT_MAX) {
     throw std::runtime_error("cuda::linear_pairs_mma: " + std::to_string(pairs) + " pairs in one call");
   }
-  mma_pairs<F, R, C, kGrouped><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(most)), kThreads, 0,
-                                 stream>>>(table, like, experts, order, groups, count, per_row, x, y, split);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(most));
+  if constexpr (kGrouped && C > 1) {
+    if (staged) {
+      mma_pairs<F, R, C, true, true><<<grid, kThreads, 0, stream>>>(table, like, experts, order, groups, count, per_row,
+                                                                    x, y, split);
+      return check(cudaGetLastError(), "linear_pairs_mma launch");
+    }
+  }
+  mma_pairs<F, R, C, kGrouped><<<grid, kThreads, 0, stream>>>(table, like, experts, order, groups, count, per_row, x, y,
+                                                              split);
   check(cudaGetLastError(), "linear_pairs_mma launch");
 }
 
@@ -490,6 +700,8 @@ int step_of(const DeviceWeight& w) {
 }
 
 }  // namespace
+
+void set_mma_tiles(MmaTiles tiles) { tiles_in_use = tiles; }
 
 int mma_k_split(const DeviceWeight& w) {
   const int64_t tiles = (w.out + 31) / 32, units = (w.in + kUnit - 1) / kUnit;

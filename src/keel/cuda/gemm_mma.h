@@ -63,6 +63,15 @@ void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight
 // kernel splits alike.)
 int mma_k_split(const DeviceWeight& w);
 
+// Which tile calls of more than 8 tokens (or pairs per expert) take. Automatic: a block
+// of 8 row tiles sharing x staged in shared memory once per 128-k unit, where that
+// launch still fills the GPU several times over (prefill), else the tile of split warps
+// (batched decode). Each warp of the staged tile sums k in the split warps' shares and
+// order, so both give the same bits; the other two settings force one (process-wide,
+// for tests and benchmarks).
+enum class MmaTiles { automatic, staged, split };
+void set_mma_tiles(MmaTiles tiles);
+
 // Adds the kernels to the registry (called from cuda/kernels.cu).
 void register_gemm_mma(Registry& registry);
 

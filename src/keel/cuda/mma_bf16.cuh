@@ -34,4 +34,13 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += A·B with both factors split into hi + lo: hi·hi, lo·hi, hi·lo (the lo·lo term,
+// under 2^-16 of a product, dropped).
+__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                          uint32_t b0_hi, uint32_t b1_hi, uint32_t b0_lo, uint32_t b1_lo) {
+  mma(d, a_hi, b0_hi, b1_hi);
+  mma(d, a_lo, b0_hi, b1_hi);
+  mma(d, a_hi, b0_lo, b1_lo);
+}
+
 }  // namespace keel::cuda
