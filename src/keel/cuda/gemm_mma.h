@@ -1,7 +1,8 @@
 // y = x · Wᵀ on tensor cores (mma.sync m16n8k16, bf16 operands, f32 accumulation) over
-// bf16, FP8 128x128 block-scaled, MXFP4 and NVFP4 weights: one kernel for every token
+// bf16, FP8 128x128 block-scaled, MXFP4 and NVFP4 weights: one entry for every token
 // count, decode (one token, bound by reading the weight) as well as batched decode and
-// prefill; and its pair form for the routed experts, each expert's pairs its columns.
+// prefill (whose tiles share x through shared memory, see MmaTiles); and its pair form
+// for the routed experts, each expert's pairs its columns.
 // sm_80 and later.
 //
 // Weights enter the MMA exactly: e4m3 codes, e2m1 codes times their MX or NVFP4 block
@@ -12,8 +13,8 @@
 // plus f32 rounding.
 //
 // Each token is one MMA column, and a column's result never depends on the others; the
-// k order, the FP8 block folding and the split of k across warps depend on the weight's
-// shape only. So a token's output row is bit for bit the same whatever the other tokens
+// k order, the FP8 block folding and the split of k into shares depend on the weight's
+// shape only, whichever tile runs. So a token's output row is bit for bit the same whatever the other tokens
 // of the call and however many there are.
 #pragma once
 
