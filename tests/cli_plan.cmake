@@ -102,3 +102,20 @@ string(JSON name GET "${json}" kernels 0 name)
 expect_equal("${name}" "cpu" "first kernel")
 string(JSON op GET "${json}" kernels 0 op)
 expect_equal("${op}" "embedding" "first kernel's op")
+
+# With the CUDA kernels in the binary: prefill attention on the tensor cores, decode and
+# verify on one f32 kernel, so that a verified draft row gets the bits plain decoding
+# gets (speculative decoding gives the plain tokens); the draft's layer alike.
+run_keel(TRUE out plan --list-kernels)
+if(out MATCHES "cuda_mma_attention")
+  run_keel(TRUE out plan --shape flash --arch sm_90)
+  foreach(want "target +layers 0-42 +attention_prefill +- +cuda_mma_attention "
+               "target +layers 0-42 +attention_decode +- +cuda_decode_attention "
+               "target +layers 0-42 +attention_verify +- +cuda_decode_attention "
+               "draft +mtp.0 +attention_prefill +- +cuda_mma_attention "
+               "draft +mtp.0 +attention_decode +- +cuda_decode_attention ")
+    if(NOT out MATCHES "${want}")
+      message(FATAL_ERROR "the sm_90 Flash plan has no line matching '${want}':\n${out}")
+    endif()
+  endforeach()
+endif()
