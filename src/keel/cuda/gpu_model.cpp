@@ -1304,7 +1304,13 @@ std::vector<RowSummary> GpuModel::verify(DeviceSequence& seq, std::span<const in
   const ModelConfig& c = config();
   const int64_t n = static_cast<int64_t>(tokens.size()), head_rows = static_cast<int64_t>(choices.size());
   if (head_rows < 1 || head_rows > n) fail(ErrorCode::usage, {}, "a verification summarizes 1 .. tokens rows");
-  if (journal) journal->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  if (journal) {  // drafts attend through the verify kernel: planned only for a model with a draft
+    const auto trunk = std::span(layer_kernels_).first(static_cast<size_t>(c.num_hidden_layers));
+    if (std::any_of(trunk.begin(), trunk.end(), [](const Kernels& k) { return !k.attend_verify; })) {
+      fail(ErrorCode::kernel_plan, {}, "verifying drafts needs the plan's attention_verify kernels (a model with an MTP layer)");
+    }
+    journal->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  }
   const DeviceChunk chunk{&seq, tokens};
   run(std::span(&chunk, 1), std::span(&head_rows, 1), journal);
   copy_into(streams, work_->streams.data(), n * c.hc_mult * c.hidden_size, stream_);
