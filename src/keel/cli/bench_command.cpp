@@ -45,9 +45,13 @@ void print_profile(Runner& runner, std::span<const int32_t> prompt, int steps) {
 void print_stages(const std::map<std::string, double>& stages, int steps, const std::string& title,
                   const std::string& per) {
   if (stages.empty()) return;
-  std::vector<std::pair<double, std::string>> rows;
+  std::vector<std::pair<double, std::string>> rows, host;  // host: the "host: ..." entries, apart
   double total = 0;
   for (const auto& [stage, s] : stages) {
+    if (stage.starts_with("host: ")) {
+      host.emplace_back(s, stage);
+      continue;
+    }
     rows.emplace_back(s, stage);
     total += s;
   }
@@ -56,6 +60,7 @@ void print_stages(const std::map<std::string, double>& stages, int steps, const 
   for (const auto& [s, stage] : rows) {
     fmt::print("  {:<48} {:8.3f} ms/{} {:5.1f}%\n", stage, s * 1e3 / steps, per, 100 * s / total);
   }
+  for (const auto& [s, stage] : host) fmt::print("  {:<48} {:8.3f} ms/{}\n", stage, s * 1e3 / steps, per);
 }
 
 // Decode speed of `batch` sequences at once: each gets its own random prompt (prefilled

@@ -4,6 +4,7 @@
 #include "cuda/gpu_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -176,6 +177,7 @@ class StageTimer {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
   void mark(const char* stage, cudaStream_t stream) {
+    if (used_ == 0) call_start_ = std::chrono::steady_clock::now();
     if (used_ == events_.size()) {
       cudaEvent_t e;
       check_api(cudaEventCreate(&e), "cudaEventCreate");
@@ -184,6 +186,10 @@ class StageTimer {
     check_api(cudaEventRecord(events_[used_], stream), "cudaEventRecord");
     stages_.resize(used_ + 1);
     stages_[used_++] = stage;
+  }
+  // Host time from the call's first mark until now: what enqueueing the call took.
+  double host_seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - call_start_).count();
   }
   // Adds the marked stages' times into `totals` (the last mark ends the call).
   void collect(std::map<std::string, double>& totals) {
@@ -199,6 +205,7 @@ class StageTimer {
   std::vector<cudaEvent_t> events_;
   std::vector<const char*> stages_;
   size_t used_ = 0;
+  std::chrono::steady_clock::time_point call_start_;
 };
 
 struct GpuModel::Layer {
@@ -1146,9 +1153,18 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
 
 void GpuModel::end_call() const {
   Workspace& ws = *work_;
-  if (ws.timer) ws.timer->mark("end", stream_);
+  if (!ws.timer) {
+    check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return;
+  }
+  // Besides the stages, the host's side: enqueueing the call, then waiting for the
+  // device at its end (near zero when the host is what sets the pace).
+  ws.timer->mark("end", stream_);
+  const double enqueue = ws.timer->host_seconds();
   check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  if (ws.timer) ws.timer->collect(profile_);
+  profile_["host: enqueue"] += enqueue;
+  profile_["host: wait for the device"] += ws.timer->host_seconds() - enqueue;
+  ws.timer->collect(profile_);
 }
 
 const float* GpuModel::copy_back_logits(int64_t rows) const {
