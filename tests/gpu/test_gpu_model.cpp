@@ -338,5 +338,97 @@ TEST(GpuModel, RejectsBadInputAndKeepsTheSequence) {
   EXPECT_EQ(seq.length, 0);
 }
 
+// Decode steps replayed as CUDA graphs give, bit for bit, what the same steps launched
+// kernel by kernel give. The steps pad to every bucket up to 24 rows, in an order where a
+// larger bucket regrows the buffers between captures; some sequences start with a decode
+// step (one token of context: no ring, no compressed entries, an empty indexer
+// selection); prompt chunks in some steps make those steps run launch by launch between
+// replays; the sequences grow past the sliding window and the indexer's top-k, closing
+// compressor windows on the way.
+TEST(GpuModel, DecodeGraphsGiveTheLaunchedBits) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  const auto graphs = GpuModel::create(*host);
+  const auto eager = GpuModel::create(*host);
+  eager->set_decode_graphs(false);
+  const int64_t V = host->config().vocab_size;
+  std::mt19937 rng(23);
+  const std::vector<int> widths{1, 1, 2, 3, 1, 5, 2, 8, 3, 17, 1, 4, 20, 2, 6, 9, 1, 24, 3, 1};
+  constexpr int kSequences = 24;
+  std::vector<DeviceSequence> with, without;
+  for (int i = 0; i < kSequences; ++i) {
+    with.push_back(graphs->new_sequence());
+    without.push_back(eager->new_sequence());
+  }
+  int64_t step = 0, decode_steps = 0;
+  for (int round = 0; round < 6; ++round) {
+    for (const int width : widths) {
+      std::vector<std::vector<int32_t>> ids(width);
+      std::vector<DeviceChunk> a, b;
+      for (int j = 0; j < width; ++j) {
+        const int i = static_cast<int>((step + j) % kSequences);
+        // Every fifth step, its first chunk is a prompt of 30 to 70 tokens.
+        ids[j].resize(j == 0 && step % 5 == 4 ? 30 + rng() % 41 : 1);
+        for (auto& id : ids[j]) id = static_cast<int32_t>(rng() % V);
+        a.push_back({&with[i], ids[j]});
+        b.push_back({&without[i], ids[j]});
+      }
+      decode_steps += step % 5 != 4;
+      const auto got = graphs->forward(a), want = eager->forward(b);
+      for (int j = 0; j < width; ++j) {
+        ASSERT_EQ(got[j].size(), ids[j].size() * V);
+        ASSERT_TRUE(same_bits(got[j], want[j])) << "step " << step << ", chunk " << j << " of " << width;
+      }
+      ++step;
+    }
+  }
+  for (int i = 0; i < kSequences; ++i) EXPECT_EQ(with[i].length, without[i].length);
+  EXPECT_GT(with[0].length, host->config().sliding_window + 16);
+  const DecodeGraphCounts counts = graphs->decode_graph_counts();
+  EXPECT_EQ(counts.failure, "");
+  // Each bucket is captured after every regrowth that precedes its next step; every
+  // other decode step replays.
+  EXPECT_GT(counts.captured, 6);
+  EXPECT_GT(counts.replayed, decode_steps / 2);
+  EXPECT_EQ(eager->decode_graph_counts().replayed, 0);
+}
+
+// Graphs off and on again mid-way: the steps keep their bits, and a sequence's steps
+// through the choices path (the engine's) pick what the launched steps pick.
+TEST(GpuModel, DecodeGraphsTurnOffAndOn) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  const auto graphs = GpuModel::create(*host);
+  const auto eager = GpuModel::create(*host);
+  eager->set_decode_graphs(false);
+  std::vector<DeviceSequence> with, without;
+  for (int i = 0; i < 3; ++i) {
+    with.push_back(graphs->new_sequence());
+    without.push_back(eager->new_sequence());
+  }
+  std::vector<int32_t> next{3, 99, 1000};
+  for (int step = 0; step < 40; ++step) {
+    const std::vector<std::optional<RowChoice>> choices(
+        3, RowChoice{{.temperature = 0.8f, .seed = 4}, static_cast<uint64_t>(step), 5});
+    if (step == 10) graphs->set_decode_graphs(false);
+    if (step == 20) graphs->set_decode_graphs(true);
+    std::vector<DeviceChunk> a, b;
+    for (int i = 0; i < 3; ++i) {
+      a.push_back({&with[i], std::span(&next[i], 1)});
+      b.push_back({&without[i], std::span(&next[i], 1)});
+    }
+    const auto got = graphs->forward(a, choices), want = eager->forward(b, choices);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(got[i] && want[i]);
+      ASSERT_EQ(got[i]->ids, want[i]->ids) << "step " << step;
+      ASSERT_EQ(got[i]->logits, want[i]->logits) << "step " << step;
+      ASSERT_EQ(got[i]->whole_pick, want[i]->whole_pick) << "step " << step;
+      next[i] = choose(choices[i]->params, choices[i]->draw, *got[i]);
+    }
+  }
+  EXPECT_GT(graphs->decode_graph_counts().replayed, 10);
+  EXPECT_EQ(graphs->decode_graph_counts().failure, "");
+}
+
 }  // namespace
 }  // namespace keel::cuda

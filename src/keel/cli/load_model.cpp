@@ -15,6 +15,7 @@ void add_kernel_options(CLI::App* cmd, KernelOptions& o) {
   cmd->add_option("--device", o.device, "Where the model runs: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--gpus", o.gpus, "Split the model over GPUs 0..N-1 (expert parallel, see keel plan --gpus)")
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--eager", o.eager, "GPU: launch decode steps kernel by kernel instead of replaying CUDA graphs");
 }
 
 void add_host_options(CLI::App* cmd, KernelOptions& o) {

@@ -16,6 +16,7 @@ struct KernelOptions {
   bool verbose = false;
   std::string device = "cpu";  // cpu, cuda or cuda:N (cli/runner.h)
   int gpus = 0;                // > 1: expert parallel over GPUs 0..gpus-1 (overrides device)
+  bool eager = false;          // GPU: decode steps launch kernel by kernel, no CUDA graphs
   // Several hosts, one process each (parallel::Ranks): hosts > 1 splits over hosts x gpus ranks.
   int hosts = 1, host_rank = 0;
   std::string nccl_id;

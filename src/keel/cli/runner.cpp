@@ -224,6 +224,7 @@ Loaded load_executor(const std::string& directory, bool quiet, const KernelOptio
   Loaded l{load_model(directory, /*quiet=*/true, KernelOptions{})};
   const auto start = std::chrono::steady_clock::now();
   auto model = cuda::GpuModel::create(*l.model, *gpu, options.target, options.draft);
+  if (options.eager) model->set_decode_graphs(false);
   const std::string name = cuda::devices().at(*gpu).name;
   if (!quiet) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -220,6 +220,7 @@ struct GpuModel::Layer {
   DeviceLinear gate;
   DeviceBuffer<float> bias;
   const std::vector<int32_t>* tid2eid = nullptr;  // hash layers (host)
+  int hash_slot = -1;  // hash layers: which of the call's looked-up expert tables is theirs
   // Routed experts by id, one device table per projection (entries without data: held
   // by another rank), and one held expert's weights for the shapes and formats.
   DeviceBuffer<DeviceWeight> w1s, w2s, w3s;
@@ -271,7 +272,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, rows_kv, rows_gate, slot_values, slot_gates;
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
-  DeviceBuffer<float> logits;
+  DeviceBuffer<float> logits, head_scratch;
   DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
   DeviceBuffer<const float*> key_tables, index_tables;                 // block pointers, part after part
   DeviceBuffer<const float* const*> key_table_rows, index_table_rows;  // per row: its part's table
@@ -304,8 +305,7 @@ struct Step {
   const DeviceRope& rope;
   GpuModel::Workspace& ws;
   cudaStream_t stream;
-  int64_t count;                    // rows
-  std::span<const int32_t> tokens;  // the token of each row
+  int64_t count;  // rows (in a decode graph's step, padded to its bucket)
   DeviceJournal* journal = nullptr;  // speculative verification: keeps the compressors' inputs
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
 
@@ -570,12 +570,33 @@ const float* const* const* upload_tables(const Step& s, std::span<const Part> pa
   return table_rows.data();
 }
 
-// Projections and norms run over every row of the call at once; keys, compressors,
-// indexer and attention run per sequence, each on its own state.
-void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts, const float* x,
-               float* y) {
+// A layer's attention runs in three parts, so that a decode step can replay the first and
+// the last as CUDA graphs (DecodeGraphs below): the projections and the output
+// projections depend on the row count only; the core between them (compressor state, key
+// lists, indexer, attend) depends on every sequence's state and runs launch by launch.
+
+// What the projections leave in the workspace for the core: the rows of q and kv (normed
+// and roped), and the compressors' and the indexer's inputs (null without them).
+struct Projected {
+  float *q, *kv;
+  const float *ckv = nullptr, *cgate = nullptr, *ikv = nullptr, *igate = nullptr, *index_q = nullptr,
+              *index_w = nullptr;
+};
+
+Projected projected(GpuModel::Workspace& ws, const GpuModel::Layer& L) {
+  Projected p{ws.q.data(), ws.kv.data()};
+  if (L.compressor) p.ckv = ws.proj_kv.data(), p.cgate = ws.proj_gate.data();
+  if (L.index_compressor) {
+    p.ikv = ws.index_kv.data(), p.igate = ws.index_gate.data();
+    p.index_q = ws.index_q.data(), p.index_w = ws.index_w.data();
+  }
+  return p;
+}
+
+// Every row's projections at once (into the buffers projected() names).
+void attention_projections(const Step& s, const GpuModel::Layer& L, const float* x) {
   const ModelConfig& c = s.c;
-  const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
+  const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim;
   GpuModel::Workspace& ws = s.ws;
   const int64_t* positions = ws.positions.data();
 
@@ -588,33 +609,46 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
   float* kv = s.project(L.wkv, x, ws.kv);
   s.k.norm(kv, L.kv_norm.data(), s.eps(), kv, S, hd, s.stream);
   cuda::rope(s.rope, kv, S, 1, static_cast<int>(hd), positions, false, s.stream);
+  // o is written by the core and read by the output projections: sized here, with the
+  // other buffers both sides use.
+  grow(ws.o, S * H * hd);
 
-  s.mark("attention: compressor");
-  const float *ckv = nullptr, *cgate = nullptr;
   if (L.compressor) {
-    ckv = s.project(L.compressor->wkv, x, ws.proj_kv);
-    cgate = s.project(L.compressor->wgate, x, ws.proj_gate);
+    s.mark("attention: compressor");
+    s.project(L.compressor->wkv, x, ws.proj_kv);
+    s.project(L.compressor->wgate, x, ws.proj_gate);
   }
-  const float *ikv = nullptr, *igate = nullptr, *index_q = nullptr, *index_w = nullptr;
   if (L.index_compressor) {
     s.mark("attention: indexer keys and queries");
-    ikv = s.project(L.index_compressor->wkv, x, ws.index_kv);
-    igate = s.project(L.index_compressor->wgate, x, ws.index_gate);
+    s.project(L.index_compressor->wkv, x, ws.index_kv);
+    s.project(L.index_compressor->wgate, x, ws.index_gate);
     float* iq = s.project(L.index_wq_b, qr, ws.index_q);
     cuda::rope(s.rope, iq, S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
     float* iw = s.project(L.index_weights, x, ws.index_w);
     scale(iw, S * c.index_n_heads, 1.0f / std::sqrt(static_cast<float>(c.index_n_heads)), s.stream);
-    index_q = iq;
-    index_w = iw;
   }
+}
+
+// The parts' keys, compressors, indexer and attention, each row on its own sequence's
+// state, into ws.o. Rows past the parts' (a decode graph's padding) get row 0's output,
+// so that they stay copies of row 0 (and route to its experts) through the layer.
+void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+  const ModelConfig& c = s.c;
+  const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
+  const int64_t live = parts.back().row + parts.back().count;
+  GpuModel::Workspace& ws = s.ws;
+  const Projected in = projected(ws, L);
+  float* kv = in.kv;
+
+  s.mark("attention: compressor windows");
   if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
     auto& saved = s.journal->layers.at(static_cast<size_t>(layer));
     const auto keep = [&](DeviceBuffer<float>& to, const float* from, int64_t width) {
-      if (from) copy_into(to, from, S * width, s.stream);
+      if (from) copy_into(to, from, live * width, s.stream);
     };
-    if (L.compressor) keep(saved[0], ckv, L.compressor->width()), keep(saved[1], cgate, L.compressor->width());
+    if (L.compressor) keep(saved[0], in.ckv, L.compressor->width()), keep(saved[1], in.cgate, L.compressor->width());
     if (L.index_compressor) {
-      keep(saved[2], ikv, L.index_compressor->width()), keep(saved[3], igate, L.index_compressor->width());
+      keep(saved[2], in.ikv, L.index_compressor->width()), keep(saved[3], in.igate, L.index_compressor->width());
     }
   }
   std::vector<CopyJob> jobs;
@@ -625,19 +659,18 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     if (st.ring.empty()) st.ring.resize(sw);
     if (L.compressor) {
       const int64_t width = L.compressor->width();
-      compress(*L.compressor, st.compressor, ckv + part.row * width, cgate + part.row * width, n, st.entries, jobs,
-               closing);
+      compress(*L.compressor, st.compressor, in.ckv + part.row * width, in.cgate + part.row * width, n, st.entries,
+               jobs, closing);
     }
     if (L.index_compressor) {
       const DeviceCompressor& ic = *L.index_compressor;
-      compress(ic, st.indexer, ikv + part.row * ic.width(), igate + part.row * ic.width(), n, st.index_keys, jobs,
-               index_closing);
+      compress(ic, st.indexer, in.ikv + part.row * ic.width(), in.igate + part.row * ic.width(), n, st.index_keys,
+               jobs, index_closing);
     }
   }
   if (L.compressor) close_windows(s, *L.compressor, closing);
   if (L.index_compressor) close_windows(s, *L.index_compressor, index_closing);
   copy_jobs(s, jobs);
-
   s.mark("attention: key lists, indexer top-k");
   // Every row's key list indexes its own part's block table: the kernels get a table per
   // row, so one launch covers all the sequences.
@@ -675,16 +708,16 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
     ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
     ws.stage.upload(ws.index_bases, std::span<const int32_t>(index_bases), s.stream);
-    float* scores = grow(ws.index_scores, std::max<int64_t>(1, S * max_visible));
-    s.k.index(index_q, index_w, S, c.index_n_heads, c.index_head_dim, nullptr, ws.index_visible.data(), max_visible,
+    float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * max_visible));
+    s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, ws.index_visible.data(), max_visible,
               c.index_topk, 0, ws.index_offsets.data(), ws.key_index.data(), scores, index_tables,
               ws.index_bases.data(), s.stream);
   }
-  s.mark("attention: attend, inverse rope");
-  float* o = grow(ws.o, S * H * hd);
+  s.mark("attention: attend");
+  float* o = ws.o.data();
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
   const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
-  const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, S);
+  const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
   float* scratch = grow(ws.attention_scratch, group * per_row);
   // A part's rows go through its own kind's kernel, so a row's bits never depend on the
   // other parts of the call: one-token parts (decode) through the decode kernel, longer
@@ -704,7 +737,7 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
     const int64_t run_end = parts[end - 1].row + parts[end - 1].count;
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
-      attend(q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
+      attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
              ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
              o + r * H * hd, scratch, run_longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
     }
@@ -716,20 +749,26 @@ void attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<con
       jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
     }
   }
+  for (int64_t r = live; r < S; ++r) jobs.push_back({ws.o.data() + r * H * hd, ws.o.data(), H * hd});
   copy_jobs(s, jobs);
-  cuda::rope(s.rope, o, S, static_cast<int>(H), static_cast<int>(hd), positions, /*inverse=*/true, s.stream);
+}
 
+// Every row's inverse rope on ws.o, then the output projections into y.
+void attention_output(const Step& s, const GpuModel::Layer& L, float* y) {
+  const ModelConfig& c = s.c;
+  const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim;
+  GpuModel::Workspace& ws = s.ws;
+  float* o = ws.o.data();
   s.mark("attention: output projections");
+  cuda::rope(s.rope, o, S, static_cast<int>(H), static_cast<int>(hd), ws.positions.data(), /*inverse=*/true, s.stream);
   // Grouped output projection: group g's heads through rows [g·r, (g+1)·r) of wo_a.
   const int64_t G = c.o_groups, r = c.o_lora_rank, group_in = H * hd / G;
   float* u = grow(ws.u, S * G * r);
   auto* planned = s.k.gemm[static_cast<size_t>(L.wo_a.planned)];
   if (planned == &cuda::linear || planned == &cuda::linear_mma) {
     // The planned kernel's pair form, one launch: pair t·G + g is row t·G + g of o seen
-    // as [S·G, group_in] through group g's rows, into row t·G + g of u seen as [S·G, r].
-    std::vector<int32_t> groups(S * G);
-    for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
-    ws.stage.upload(ws.group_ids, std::span<const int32_t>(groups), s.stream);
+    // as [S·G, group_in] through group g's rows (ws.group_ids, uploaded with the call's
+    // inputs), into row t·G + g of u seen as [S·G, r].
     ws.pair_scratch.resize(static_cast<size_t>(linear_pairs_scratch(S * G, static_cast<int>(G))));
     const auto pairs_form = planned == &cuda::linear ? &linear_pairs : &linear_pairs_mma;
     pairs_form(L.wo_a_groups.data(), static_cast<int>(G), L.wo_a_group0, ws.group_ids.data(), S * G, 1, o, u,
@@ -766,13 +805,8 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
   const int64_t S = s.count, E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
   s.mark("moe: router");
   float* scores = s.project(L.gate, x, ws.scores);
-  const int32_t* hashed = nullptr;
-  if (L.tid2eid) {
-    std::vector<int32_t> rows(S * k);
-    for (int64_t t = 0; t < S; ++t) std::copy_n(&(*L.tid2eid)[s.tokens[t] * k], k, &rows[t * k]);
-    ws.stage.upload(ws.hashed, std::span<const int32_t>(rows), s.stream);
-    hashed = ws.hashed.data();
-  }
+  // A hash layer's experts, looked up on the host with the call's inputs.
+  const int32_t* hashed = L.hash_slot >= 0 ? ws.hashed.data() + L.hash_slot * S * k : nullptr;
   const int64_t pairs = S * k;
   ws.route_experts.resize(pairs);
   float* weights = grow(ws.route_weights, pairs);
@@ -823,9 +857,9 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
 
 // --- One decoder layer (§3.1) -------------------------------------------------------------
 
-template <typename Sublayer>
-void hyper_block(const Step& s, const HyperParams& hp, const DeviceSite& site, const DeviceBuffer<float>& norm,
-                 Sublayer&& sublayer) {
+// An mHC site's mix, collapse and norm: the sublayer's input x (ws.x); pre, post and comb
+// stay in the workspace for hyper_out.
+const float* hyper_in(const Step& s, const HyperParams& hp, const DeviceSite& site, const DeviceBuffer<float>& norm) {
   GpuModel::Workspace& ws = s.ws;
   const int64_t S = s.count, D = s.c.hidden_size;
   float* pre = grow(ws.pre, S * hp.hc);
@@ -838,17 +872,40 @@ void hyper_block(const Step& s, const HyperParams& hp, const DeviceSite& site, c
   float* x = grow(ws.x, S * D);
   hyper_collapse(hp, pre, ws.streams.data(), S, x, s.stream);
   s.k.norm(x, norm.data(), s.eps(), x, S, D, s.stream);
-  float* y = grow(ws.y, S * D);
-  sublayer(x, y);
+  return x;
+}
+
+// The site's expand of the sublayer's output y back into the streams.
+void hyper_out(const Step& s, const HyperParams& hp, const float* y) {
+  GpuModel::Workspace& ws = s.ws;
   s.mark("mhc: expand");
-  hyper_expand(hp, post, comb, y, ws.streams.data(), S, s.stream);
+  hyper_expand(hp, ws.post.data(), ws.comb.data(), y, ws.streams.data(), s.count, s.stream);
+}
+
+// A layer before its attention core (the attention site's mix and the projections), and
+// after it (the output projections and expand, then the whole MoE site): what a decode
+// graph captures. Both depend on the call's row count and inputs only.
+void layer_in(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
+  attention_projections(s, L, hyper_in(s, hp, L.hc_attn, L.attn_norm));
+}
+
+void layer_out(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
+  const int64_t rows = s.count * s.c.hidden_size;
+  float* y = grow(s.ws.y, rows);
+  attention_output(s, L, y);
+  hyper_out(s, hp, y);
+  const float* x = hyper_in(s, hp, L.hc_ffn, L.ffn_norm);
+  y = grow(s.ws.y, rows);
+  moe(s, L, x, y);
+  hyper_out(s, hp, y);
 }
 
 // One decoder layer over the call's streams (ws.streams); `layer` indexes the sequences'
 // states (the MTP block's is after the trunk's).
 void run_layer(const Step& s, const HyperParams& hp, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
-  hyper_block(s, hp, L.hc_attn, L.attn_norm, [&](const float* x, float* y) { attention(s, L, layer, parts, x, y); });
-  hyper_block(s, hp, L.hc_ffn, L.ffn_norm, [&](const float* x, float* y) { moe(s, L, x, y); });
+  layer_in(s, hp, L);
+  attention_core(s, L, layer, parts);
+  layer_out(s, hp, L);
 }
 
 DeviceLinear upload_linear(const Weight* w, std::vector<DeviceWeight>& owned, uint64_t& bytes) {
@@ -906,6 +963,8 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   m->top_kernels_->check(*arch);
   for (const Kernels& k : m->layer_kernels_) k.check(*arch);
   m->work_ = std::make_unique<Workspace>();
+  m->call_ = m->work_.get();
+  m->graphs_ = std::make_unique<DecodeGraphs>();
 
   const ModelTensors& t = model.tensors();
   auto& owned = m->owned_;
@@ -962,7 +1021,10 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
     }
     d.gate = linear(w.ffn.gate);
     upload_floats(d.bias, w.ffn.bias);
-    if (w.ffn.kind == MlpKind::hash_moe) d.tid2eid = &w.ffn.tid2eid;
+    if (w.ffn.kind == MlpKind::hash_moe) {
+      d.tid2eid = &w.ffn.tid2eid;
+      d.hash_slot = m->hash_layers_++;
+    }
     std::vector<DeviceWeight> w1s, w2s, w3s;
     for (size_t e = 0; e < w.ffn.experts.size(); ++e) {
       DeviceExpert held{};
@@ -1004,6 +1066,7 @@ GpuModel::GpuModel(const Model& host) : host_(host) {}
 
 GpuModel::~GpuModel() {
   cudaSetDevice(device_);
+  graphs_.reset();  // its graphs and buffers, before the stream
   for (DeviceWeight& w : owned_) release(w);
   release(rope_main_);
   release(rope_compress_);
@@ -1071,6 +1134,157 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
   return std::move(forward(std::span(&chunk, 1), rows).front());
 }
 
+// --- Decode steps as CUDA graphs ----------------------------------------------------------
+
+// Decode steps replayed as CUDA graphs, piecewise (as vLLM's piecewise graphs): a step of
+// one token per sequence runs its rows padded to a bucket; each layer's attention core
+// runs launch by launch, since it follows the sequences' state (key lists, block tables,
+// closing windows), and everything between two cores is one graph per bucket: the
+// embedding or the output projections, mHC and MoE of one layer with the next layer's
+// mix and projections. Padded rows are copies of row 0 (its token, position and
+// attention output), so they read no other experts, and every kernel computes a row
+// alone, so no real row changes: a step gives the same bits replayed as launched.
+//
+// The graphs read the buffers of a workspace of their own, which only these steps use.
+// Its buffers grow with the bucket only, so a bucket larger than any run before runs
+// launch by launch first (growing them to fit it and every smaller bucket) and drops the
+// graphs captured before, which point at the old buffers.
+struct GpuModel::DecodeGraphs {
+  static constexpr std::array<int64_t, 15> kBuckets{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  Workspace work;
+  std::map<int64_t, std::vector<cudaGraphExec_t>> by_bucket;  // one graph per piece of a step
+  int64_t sized_for = 0;  // the largest bucket run: every buffer fits it
+  bool enabled = true;
+  DecodeGraphCounts counts;
+
+  DecodeGraphs() = default;
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+  ~DecodeGraphs() { clear(); }
+  void clear() {
+    for (auto& [bucket, graphs] : by_bucket) {
+      for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+    }
+    by_bucket.clear();
+  }
+  // The bucket a step of `rows` rows pads to; 0 for more rows than the largest.
+  static int64_t bucket_of(int64_t rows) {
+    for (const int64_t b : kBuckets) {
+      if (rows <= b) return b;
+    }
+    return 0;
+  }
+};
+
+namespace {
+
+// One call's pieces (the parts between attention cores), in order: each launched as it
+// comes (any call but a graph step, and the first step of a new largest bucket), captured
+// then launched (a bucket's second step), or replayed. A capture that fails (a CUDA call
+// the capture refuses) turns graphs off for the model, with the reason in its counts,
+// and the piece runs launch by launch: a graph never fails a step that would run without.
+class Pieces {
+ public:
+  Pieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, cudaStream_t stream)
+      : graphs_(graphs), bucket_(bucket), stream_(stream) {
+    if (!graphs_) return;
+    if (bucket_ > graphs_->sized_for) {
+      graphs_->clear();
+      graphs_->sized_for = bucket_;
+    } else {
+      mode_ = graphs_->by_bucket.contains(bucket_) ? Mode::replay : Mode::capture;
+    }
+  }
+  Pieces(const Pieces&) = delete;
+  Pieces& operator=(const Pieces&) = delete;
+  ~Pieces() {  // a capture the call did not finish (it failed) is dropped
+    for (cudaGraphExec_t g : captured_) cudaGraphExecDestroy(g);
+  }
+
+  template <typename Launches>
+  void run(Launches&& launches) {
+    switch (mode_) {
+      case Mode::eager: launches(); break;
+      case Mode::replay: {
+        const std::vector<cudaGraphExec_t>& graphs = graphs_->by_bucket.at(bucket_);
+        if (next_ >= graphs.size()) throw std::logic_error("a decode step ran more pieces than its graphs hold");
+        check_api(cudaGraphLaunch(graphs[next_], stream_), "cudaGraphLaunch");
+        break;
+      }
+      case Mode::capture: capture(launches); break;
+    }
+    ++next_;
+  }
+  // The call ran every piece: a capture is kept for the bucket's next steps.
+  void finish() {
+    if (mode_ == Mode::replay) ++graphs_->counts.replayed;
+    if (mode_ != Mode::capture) return;
+    graphs_->by_bucket[bucket_] = std::move(captured_);
+    captured_.clear();
+    ++graphs_->counts.captured;
+  }
+
+ private:
+  enum class Mode { eager, capture, replay };
+
+  template <typename Launches>
+  void capture(Launches& launches) {
+    check_api(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    std::string failure;
+    try {
+      launches();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (failure.empty() && status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (failure.empty() && status != cudaSuccess) failure = cudaGetErrorString(status);
+    if (!failure.empty()) {  // nothing captured ran: launch the piece as it is
+      cudaGetLastError();
+      graphs_->enabled = false;
+      graphs_->counts.failure = failure;
+      graphs_->clear();
+      mode_ = Mode::eager;
+      launches();
+      return;
+    }
+    captured_.push_back(exec);
+    check_api(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  }
+
+  GpuModel::DecodeGraphs* graphs_;
+  int64_t bucket_;
+  cudaStream_t stream_;
+  Mode mode_ = Mode::eager;
+  size_t next_ = 0;
+  std::vector<cudaGraphExec_t> captured_;
+};
+
+// The call's host-made inputs, uploaded before any launch (the pieces only read them):
+// each row's token and position, each hash layer's experts for each row (tid2eid looked
+// up here, [hash layers, rows, k]) and the output projection's group of each pair.
+void upload_inputs(const ModelConfig& c, std::span<const GpuModel::Layer> layers, GpuModel::Workspace& ws,
+                   std::span<const int32_t> tokens, std::span<const int64_t> positions, cudaStream_t stream) {
+  const int64_t S = static_cast<int64_t>(tokens.size()), k = c.num_experts_per_tok, G = c.o_groups;
+  ws.stage.upload(ws.tokens, tokens, stream);
+  ws.stage.upload(ws.positions, positions, stream);
+  std::vector<int32_t> hashed;
+  for (const GpuModel::Layer& L : layers) {
+    if (!L.tid2eid) continue;
+    hashed.resize(static_cast<size_t>((L.hash_slot + 1) * S * k));
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&(*L.tid2eid)[tokens[t] * k], k, &hashed[(L.hash_slot * S + t) * k]);
+  }
+  ws.stage.upload(ws.hashed, std::span<const int32_t>(hashed), stream);
+  std::vector<int32_t> groups(S * G);
+  for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
+  ws.stage.upload(ws.group_ids, std::span<const int32_t>(groups), stream);
+}
+
+}  // namespace
+
 int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_t> head_rows,
                       DeviceJournal* journal) const {
   const ModelConfig& c = config();
@@ -1093,27 +1307,47 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   }
   if (parts.empty()) return 0;
   check_api(cudaSetDevice(device_), "cudaSetDevice");
-  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
-  const HyperParams hp = hyper_params(c);
-  Workspace& ws = *work_;
   const Kernels& top = *top_kernels_;
   top.check(plan_.arch);
+  for (int l = 0; l < c.num_hidden_layers; ++l) layer_kernels_[l].check(plan_.arch);
+
+  // A decode step (one token per sequence) replays the bucket's graphs where it can; its
+  // padded rows are copies of row 0.
+  const bool decode_step = !journal && std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.count == 1; });
+  const bool graphs_apply = decode_step && graphs_->enabled && share_.ranks() == 1 && !work_->timer;
+  const int64_t bucket = graphs_apply ? DecodeGraphs::bucket_of(static_cast<int64_t>(tokens.size())) : 0;
+  DecodeGraphs* graphs = bucket ? graphs_.get() : nullptr;
+  if (graphs) {
+    tokens.resize(static_cast<size_t>(bucket), tokens.front());
+    positions.resize(static_cast<size_t>(bucket), positions.front());
+  }
+  Workspace& ws = graphs ? graphs->work : *work_;
+  call_ = &ws;
+  const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const HyperParams hp = hyper_params(c);
 
   ws.stage.reset();  // the last call's copies are done: every call ends by synchronizing
-  ws.stage.upload(ws.tokens, std::span<const int32_t>(tokens), stream_);
-  ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
+  upload_inputs(c, layers_, ws, tokens, positions, stream_);
   grow(ws.streams, S * hp.hc * D);
-  if (ws.timer) ws.timer->mark("embedding", stream_);
-  top.embedding(embed_, ws.tokens.data(), S, hp.hc, ws.streams.data(), stream_);
-
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const Layer& L = layers_[l];
-    const Kernels& k = layer_kernels_[l];
-    k.check(plan_.arch);
+  const auto step = [&](int l) {
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, share_, k, rope, ws, stream_, S, tokens, journal};
-    run_layer(s, hp, L, l, parts);
+    return Step{c, share_, layer_kernels_[l], rope, ws, stream_, S, journal};
+  };
+  const int layers = c.num_hidden_layers;
+  Pieces pieces(graphs, bucket, stream_);
+  pieces.run([&] {
+    if (ws.timer) ws.timer->mark("embedding", stream_);
+    top.embedding(embed_, ws.tokens.data(), S, hp.hc, ws.streams.data(), stream_);
+    if (layers > 0) layer_in(step(0), hp, layers_[0]);
+  });
+  for (int l = 0; l < layers; ++l) {
+    attention_core(step(l), layers_[l], l, parts);
+    pieces.run([&] {
+      layer_out(step(l), hp, layers_[l]);
+      if (l + 1 < layers) layer_in(step(l + 1), hp, layers_[l + 1]);
+    });
   }
+  pieces.finish();
   for (const Part& p : parts) p.sequence->length += p.count;
 
   // The rows that get logits: each chunk's last head_rows, gathered unless they are
@@ -1143,7 +1377,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     head_streams = ws.head_streams.data();
   }
   float* h = grow(ws.head_in, n * D);
-  float* head_scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, n));
+  float* head_scratch = grow(ws.head_scratch, hyper_head_scratch(hp, n));
   hyper_head(hp, head_fn_.data(), head_base_.data(), head_scale_.data(), head_streams, n, h, head_scratch, stream_);
   top.norm(h, norm_.data(), static_cast<float>(c.rms_norm_eps), h, n, D, stream_);
   grow(ws.logits, n * V);
@@ -1152,7 +1386,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
 }
 
 void GpuModel::end_call() const {
-  Workspace& ws = *work_;
+  Workspace& ws = *call_;
   if (!ws.timer) {
     check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return;
@@ -1168,7 +1402,7 @@ void GpuModel::end_call() const {
 }
 
 const float* GpuModel::copy_back_logits(int64_t rows) const {
-  Workspace& ws = *work_;
+  Workspace& ws = *call_;
   if (ws.timer) ws.timer->mark("logits copy back", stream_);
   // Through pinned memory: a pageable copy back runs at a fraction of the link's speed,
   // and a batch's logits are large (256 rows of a 129K vocabulary: 132 MB).
@@ -1228,7 +1462,7 @@ std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span
     for (int64_t j = 0; j < n; ++j) out.push_back(summarize_for(std::span(logits + j * V, V), choices[j]));
     return out;
   }
-  Workspace& ws = *work_;
+  Workspace& ws = *call_;
   if (ws.timer) ws.timer->mark("sampling summaries", stream_);
   std::vector<SummaryTask> tasks;
   int stride = 1;
@@ -1281,13 +1515,13 @@ RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<
   k.check(plan_.arch);
   top.check(plan_.arch);
   Workspace& ws = *work_;
+  call_ = &ws;
   const Mtp& m = *mtp_;
   std::vector<int64_t> positions(S);
   for (int64_t i = 0; i < S; ++i) positions[i] = seq.draft_length + i;
   ws.stage.reset();
-  ws.stage.upload(ws.tokens, next_tokens, stream_);
-  ws.stage.upload(ws.positions, std::span<const int64_t>(positions), stream_);
-  const Step s{c, share_, k, rope_main_, ws, stream_, S, next_tokens};
+  upload_inputs(c, layers_, ws, next_tokens, positions, stream_);
+  const Step s{c, share_, k, rope_main_, ws, stream_, S};
   // e = RMSNorm(embed[t]; enorm) · e_projᵀ; each stream RMSNorm(X; hnorm) · h_projᵀ + e.
   float* e = grow(ws.head_in, S * D);
   top.embedding(embed_, ws.tokens.data(), S, 1, e, stream_);
@@ -1306,7 +1540,7 @@ RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<
   const float* last = ws.streams.data() + (S - 1) * hp.hc * D;
   copy_into(out_streams, last, hp.hc * D, stream_);
   float* h = grow(ws.head_in, D);
-  float* scratch = grow(ws.mix_scratch, hyper_head_scratch(hp, 1));
+  float* scratch = grow(ws.head_scratch, hyper_head_scratch(hp, 1));
   hyper_head(hp, m.hc_fn.data(), m.hc_base.data(), m.hc_scale.data(), last, 1, h, scratch, stream_);
   k.norm(h, m.norm.data(), s.eps(), h, 1, D, stream_);
   grow(ws.logits, V);
@@ -1329,7 +1563,7 @@ std::vector<RowSummary> GpuModel::verify(DeviceSequence& seq, std::span<const in
   }
   const DeviceChunk chunk{&seq, tokens};
   run(std::span(&chunk, 1), std::span(&head_rows, 1), journal);
-  copy_into(streams, work_->streams.data(), n * c.hc_mult * c.hidden_size, stream_);
+  copy_into(streams, call_->streams.data(), n * c.hc_mult * c.hidden_size, stream_);
   return summarize_logits(*top_kernels_, choices);
 }
 
@@ -1392,7 +1626,7 @@ void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJ
     const Layer& L = layers_[l];
     if (!L.compressor && !L.index_compressor) continue;
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    const Step s{c, share_, layer_kernels_[l], rope, *work_, stream_, keep, {}};
+    const Step s{c, share_, layer_kernels_[l], rope, *work_, stream_, keep};
     DeviceLayerState& st = seq.layers[l];
     const auto& saved = journal.layers[l];
     std::vector<CopyJob> jobs;
@@ -1427,5 +1661,14 @@ void GpuModel::set_profiling(bool on) {
   work_->timer = on ? std::make_unique<StageTimer>() : nullptr;
   profile_.clear();
 }
+
+void GpuModel::set_decode_graphs(bool on) {
+  check_api(cudaSetDevice(device_), "cudaSetDevice");
+  graphs_->clear();
+  graphs_->enabled = on;
+  if (on) graphs_->counts.failure.clear();
+}
+
+DecodeGraphCounts GpuModel::decode_graph_counts() const { return graphs_->counts; }
 
 }  // namespace keel::cuda

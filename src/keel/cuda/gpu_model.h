@@ -18,8 +18,13 @@
 // several tokens, attention_decode for one, attention_verify for a verification's drafts),
 // so a row's result never depends on what else is in the call.
 //
-// What is not here yet: CUDA graphs (the block tables are built on the host each step),
-// tensor-core attention for decode and verify, and speculation inside the batched engine.
+// Decode steps (one token per sequence, up to 256 sequences) replay CUDA graphs per
+// batch-size bucket, piecewise: each layer's attention core runs launch by launch
+// between the graphs (DecodeGraphs in the .cpp).
+//
+// What is not here yet: the attention core in the graphs too (its key lists, block
+// tables and closing windows are built on the host each step), tensor-core attention
+// for decode and verify, and speculation inside the batched engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -109,6 +114,13 @@ struct ExpertShare {
   bool holds(int64_t expert) const { return split.owner(expert) == rank; }
 };
 
+// How decode steps used their CUDA graphs since graphs were last turned on.
+struct DecodeGraphCounts {
+  int64_t captured = 0;  // buckets captured (again after a larger bucket regrew the buffers)
+  int64_t replayed = 0;  // steps replayed
+  std::string failure;   // why graphs turned themselves off (a capture failed), if they did
+};
+
 class GpuModel {
  public:
   // Plans for the architecture of CUDA device `device` (the user's choices as for the
@@ -183,9 +195,15 @@ class GpuModel {
   void set_profiling(bool on);
   const std::map<std::string, double>& profile() const { return profile_; }
 
+  // Decode steps replay CUDA graphs (on from the start; profiling and several ranks run
+  // without them); off, every step launches kernel by kernel, with the same bits.
+  void set_decode_graphs(bool on);
+  DecodeGraphCounts decode_graph_counts() const;
+
   struct Layer;
   struct Kernels;
   struct Workspace;
+  struct DecodeGraphs;
 
  private:
   explicit GpuModel(const Model& host);  // in the .cpp, where the member types are complete
@@ -225,6 +243,9 @@ class GpuModel {
   DeviceWeight embed_{}, head_{};
   DeviceBuffer<float> norm_, head_fn_, head_base_, head_scale_;
   std::unique_ptr<Workspace> work_;
+  std::unique_ptr<DecodeGraphs> graphs_;  // and the workspace of the steps they replay
+  mutable Workspace* call_ = nullptr;     // the current call's workspace: work_'s or the graphs'
+  int hash_layers_ = 0;                   // layers with a tid2eid table
   std::shared_ptr<DeviceBlockPool> pool_;
   mutable std::map<std::string, double> profile_;
 };
