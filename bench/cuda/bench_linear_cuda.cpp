@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   // Flash shapes: q_b (32768 x 1024), o_b (4096 x 8192), an expert's w1 (2048 x 4096),
   // lm_head (129280 x 4096, bf16).
   const Case cases[] = {
+      {"wq_a fp8", 1024, 4096, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
       {"wq_b fp8", 32768, 1024, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
       {"wo_b fp8", 4096, 8192, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
       {"expert w1 mxfp4", 2048, 4096, keel::WeightFormat::mxfp4, keel::DType::i8},
@@ -102,22 +103,28 @@ int main(int argc, char** argv) {
       {"expert w1 x 48 nvfp4", 2048 * 48, 4096, keel::WeightFormat::nvfp4, keel::DType::u8},
       {"lm_head bf16", 129280, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
   };
+  // Each call reads the next of enough copies of the weight to pass 512 MiB, so that no
+  // call finds its weight in L2 (as in a decode step, which reads every weight once).
   for (const Case& c : cases) {
     const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
-    keel::cuda::DeviceWeight w = keel::cuda::upload(host.weight());
+    std::vector<keel::cuda::DeviceWeight> copies{keel::cuda::upload(host.weight())};
+    while (copies.size() * copies[0].bytes < (size_t{512} << 20)) copies.push_back(keel::cuda::upload(host.weight()));
+    const std::vector<float> xs = normal(size_t(c.in));
     float *x = nullptr, *y = nullptr;
     check(cudaMalloc(reinterpret_cast<void**>(&x), c.in * sizeof(float)));
     check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
-    check(cudaMemset(x, 0, c.in * sizeof(float)));
-    for (const Kernel& k : kKernels) {
-      const double s = seconds([&] { k.run(w, x, y, 1, nullptr); }, iters);
+    check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const auto row = [&](const char* name, const Kernel& k) {
+      size_t next = 0;
+      const double s = seconds([&] { k.run(copies[next++ % copies.size()], x, y, 1, nullptr); }, iters);
       check(cudaDeviceSynchronize());
-      const double bw = w.bytes / s;
+      const double bw = copies[0].bytes / s;
       fmt::print("{:<28} {:>6} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}%\n",
-                 fmt::format("{} ({}x{})", c.name, c.out, c.in), k.name, w.bytes / 1048576.0, s * 1e6, bw / 1e9,
+                 fmt::format("{} ({}x{})", c.name, c.out, c.in), name, copies[0].bytes / 1048576.0, s * 1e6, bw / 1e9,
                  100 * bw / copy_bw);
-    }
-    keel::cuda::release(w);
+    };
+    for (const Kernel& k : kKernels) row(k.name, k);
+    for (keel::cuda::DeviceWeight& w : copies) keel::cuda::release(w);
     cudaFree(x);
     cudaFree(y);
   }
@@ -163,8 +170,9 @@ int main(int argc, char** argv) {
   // Routed experts as batched decode runs them: each token's 6 distinct random experts
   // of 256 (Flash's w1: 2048 x 4096 MXFP4), one (token, expert) pair per output row. The
   // GEMV reads an expert's weight once per pair, the MMA form once per group of up to 8
-  // of its pairs. GB/s counts the distinct experts' bytes once per call (at 1 and 8
-  // tokens they fit in L2, and the iterations reread the same ones).
+  // of its pairs. GB/s counts the distinct experts' bytes once per call. One token's
+  // calls take the next of 32 sets of experts, so that no call finds its experts in L2;
+  // at 8 tokens they fit in L2, and the iterations reread the same ones.
   {
     constexpr int kExperts = 256, kPerToken = 6;
     const int64_t out = 2048, in = 4096;
@@ -184,32 +192,37 @@ int main(int argc, char** argv) {
                "GB/s", "of copy");
     std::mt19937 rng(3);
     for (const int64_t tokens : {1, 8, 64, 256}) {
-      const int64_t pairs = tokens * kPerToken;
-      std::vector<int32_t> ids(pairs), all(kExperts);
+      const int64_t pairs = tokens * kPerToken, sets = tokens == 1 ? 32 : 1;
+      std::vector<int32_t> ids(sets * pairs), all(kExperts);
       std::iota(all.begin(), all.end(), 0);
-      for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t t = 0; t < sets * tokens; ++t) {
         std::shuffle(all.begin(), all.end(), rng);
         std::copy_n(all.begin(), kPerToken, ids.begin() + t * kPerToken);
       }
-      const size_t distinct = std::set<int32_t>(ids.begin(), ids.end()).size();
+      const size_t distinct = std::set<int32_t>(ids.begin(), ids.begin() + pairs).size();
       const std::vector<float> xs = normal(size_t(tokens * in));
       float *x = nullptr, *y = nullptr;
       int32_t *dids = nullptr, *scratch = nullptr;
       check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
       check(cudaMalloc(reinterpret_cast<void**>(&y), pairs * out * sizeof(float)));
-      check(cudaMalloc(reinterpret_cast<void**>(&dids), pairs * sizeof(int32_t)));
+      check(cudaMalloc(reinterpret_cast<void**>(&dids), ids.size() * sizeof(int32_t)));
       check(cudaMalloc(reinterpret_cast<void**>(&scratch),
                        keel::cuda::linear_pairs_scratch(pairs, kExperts) * sizeof(int32_t)));
       check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
-      check(cudaMemcpy(dids, ids.data(), pairs * sizeof(int32_t), cudaMemcpyHostToDevice));
-      for (const auto& [name, run] : forms) {
-        const double s =
-            seconds([&] { run(dtable, kExperts, table[0], dids, pairs, kPerToken, x, y, scratch, nullptr); }, iters);
+      check(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const auto row = [&](const char* name, Pairs* run) {
+        int64_t next = 0;
+        const double s = seconds(
+            [&] {
+              run(dtable, kExperts, table[0], dids + next++ % sets * pairs, pairs, kPerToken, x, y, scratch, nullptr);
+            },
+            iters);
         check(cudaDeviceSynchronize());
         const double bw = double(distinct) * table[0].bytes / s;
         fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10.1f} {:>10.0f} {:>7.1f}%\n", tokens, pairs, distinct, name, s * 1e6,
                    bw / 1e9, 100 * bw / copy_bw);
-      }
+      };
+      for (const auto& [name, run] : forms) row(name, run);
       for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(dids),
                       static_cast<void*>(scratch)})
         cudaFree(p);

@@ -338,6 +338,13 @@ TEST(GpuModel, RejectsBadInputAndKeepsTheSequence) {
   EXPECT_EQ(seq.length, 0);
 }
 
+// The demo model on the GPU twice: with decode graphs (the default) and without.
+struct GraphsAndEager {
+  std::unique_ptr<Model> host = Model::load(source_path("models/keel-tiny-v4"));
+  std::unique_ptr<GpuModel> graphs = GpuModel::create(*host), eager = GpuModel::create(*host);
+  GraphsAndEager() { eager->set_decode_graphs(false); }
+};
+
 // Decode steps replayed as CUDA graphs give, bit for bit, what the same steps launched
 // kernel by kernel give. The steps pad to every bucket up to 24 rows, in an order where a
 // larger bucket regrows the buffers between captures; some sequences start with a decode
@@ -347,10 +354,8 @@ TEST(GpuModel, RejectsBadInputAndKeepsTheSequence) {
 // compressor windows on the way.
 TEST(GpuModel, DecodeGraphsGiveTheLaunchedBits) {
   if (devices().empty()) GTEST_SKIP() << "no CUDA device";
-  const auto host = Model::load(source_path("models/keel-tiny-v4"));
-  const auto graphs = GpuModel::create(*host);
-  const auto eager = GpuModel::create(*host);
-  eager->set_decode_graphs(false);
+  const GraphsAndEager models;
+  const auto& [host, graphs, eager] = models;
   const int64_t V = host->config().vocab_size;
   std::mt19937 rng(23);
   const std::vector<int> widths{1, 1, 2, 3, 1, 5, 2, 8, 3, 17, 1, 4, 20, 2, 6, 9, 1, 24, 3, 1};
@@ -397,10 +402,8 @@ TEST(GpuModel, DecodeGraphsGiveTheLaunchedBits) {
 // through the choices path (the engine's) pick what the launched steps pick.
 TEST(GpuModel, DecodeGraphsTurnOffAndOn) {
   if (devices().empty()) GTEST_SKIP() << "no CUDA device";
-  const auto host = Model::load(source_path("models/keel-tiny-v4"));
-  const auto graphs = GpuModel::create(*host);
-  const auto eager = GpuModel::create(*host);
-  eager->set_decode_graphs(false);
+  const GraphsAndEager models;
+  const auto& [host, graphs, eager] = models;
   std::vector<DeviceSequence> with, without;
   for (int i = 0; i < 3; ++i) {
     with.push_back(graphs->new_sequence());

@@ -47,24 +47,6 @@ __device__ __forceinline__ uint4 load_weights(const uint8_t* p) {
   return r;
 }
 
-// Asynchronous 16-byte copies into shared memory (sm_80 and later), committed and waited
-// for in groups.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
-               "l"(global));
-}
-// A weight chunk as load_weights reads it (256 bytes at a time into L2), into shared memory.
-__device__ __forceinline__ void cp_async_weights(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
-               "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 // x from global memory through the read-only path, or from a block's staged tile.
 template <bool kShared>
 __device__ __forceinline__ float4 load_x(const float* p) {
@@ -268,20 +250,6 @@ struct LaneRows {
       }
     }
   }
-  // One row tile's chunks of the step at k copied into `slots` (this lane's 16 bytes of
-  // rows g and g + 8), asynchronously; and the step's scale bits.
-  __device__ void copy(int64_t k, uint4 (&slots)[2][kWarp], int lane) const {
-    static_assert(R == 1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) cp_async_weights(&slots[h][lane], src[0][h] + k / kStep<F> * 64);
-  }
-  __device__ void load_bits(int64_t k, uint32_t (&bits)[R][2]) const {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) bits[i][h] = Fmt::scale_bits(scales[i][h], k);
-    }
-  }
   // FP8: the block scales of the 128-k block at k.
   __device__ void block_scales(const DeviceWeight& w, int64_t k, float (&scale)[R][2]) const {
 #pragma unroll
@@ -362,58 +330,6 @@ __device__ __forceinline__ void store(const DeviceWeight& w, const Columns& cols
   cols.y_row(j)[o] = v;
 }
 
-// One token's steps of a share [k_begin, k_end) for mma_tile (R = 1, C = 1): the same
-// MMAs in the same order as its other tiles, the weight chunks streamed through this
-// warp's shared slots kStages - 1 steps ahead.
-template <WeightFormat F>
-__device__ __forceinline__ void stream_steps(const DeviceWeight& w, const LaneRows<F, 1>& rows, int64_t k_begin,
-                                             int64_t k_end, int lane, const float* xt, float (&sum)[1][1][4],
-                                             float (&acc)[1][1][4]) {
-  constexpr int K = kStep<F>, kStages = 5;
-  constexpr bool kFp8 = F == WeightFormat::fp8_block;
-  __shared__ __align__(16) uint4 slots[kWarps][kStages][2][kWarp];
-  auto& mine = slots[threadIdx.x / kWarp];
-  uint32_t bits[kStages][1][2];  // bits[a]: the step a ahead's
-#pragma unroll
-  for (int a = 0; a < kStages - 1; ++a) {  // the first steps; a group per step, empty past the share
-    if (k_begin + a * K < k_end) {
-      rows.copy(k_begin + a * K, mine[a], lane);
-      rows.load_bits(k_begin + a * K, bits[a]);
-    }
-    cp_async_commit();
-  }
-  float scale[1][2];  // FP8: the block scales of this lane's rows in the current 128-k block
-  int slot = 0;       // the slot of the step at k; the step kStages - 1 ahead goes to the one before it
-  for (int64_t k = k_begin; k < k_end; k += K) {
-    const int64_t ahead = k + (kStages - 1) * K;
-    if (ahead < k_end) {
-      rows.copy(ahead, mine[slot == 0 ? kStages - 1 : slot - 1], lane);
-      rows.load_bits(ahead, bits[kStages - 1]);
-    }
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // this step's group has landed
-    const uint4 raw[1][2] = {{mine[slot][0][lane], mine[slot][1][lane]}};
-    Factors f[1][2];
-    const bool big = step_factors<F, 1>(bits[0], f);
-    if constexpr (kFp8) {
-      if (k % kUnit == 0) rows.block_scales(w, k, scale);
-    }
-    const float* const x[1] = {xt + k};
-    if (big) {
-      mma_step<F, 1, 1, false, true>(raw, f, x, 1, sum);
-    } else {
-      mma_step<F, 1, 1, false, false>(raw, f, x, 1, sum);
-    }
-    if constexpr (kFp8) {
-      if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
-    }
-#pragma unroll
-    for (int a = 0; a + 1 < kStages; ++a) bits[a][0][0] = bits[a + 1][0][0], bits[a][0][1] = bits[a + 1][0][1];
-    slot = slot + 1 == kStages ? 0 : slot + 1;
-  }
-  cp_async_wait<0>();
-}
-
 // Row block `block` holds kWarps / split row warps of 16·R rows each, `split` warps per
 // row warp sharing its k in contiguous shares of 128-k units; it computes them for the
 // tile's columns. Rows past the end (in the last block) read the last row again, columns
@@ -444,16 +360,9 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   float sum[R][C][4] = {};  // the MMAs' accumulators (FP8: of the current 128-k block)
   float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
 
-  // One token (R = 1, C = 1: bound by reading the weight) streams the weight chunks
-  // through shared memory, kStages - 1 steps ahead of the one computing (cp.async, each
-  // lane its own slots: no barrier), and keeps the scale bits as many steps ahead in
-  // registers: a share may have only 2 to 8 steps, and one step ahead leaves most of the
-  // loads' latency exposed. Otherwise, with one column group, the weight chunks (and
-  // scale bytes) of the next step load while this one computes: a step is short. More
-  // groups make it long enough (and need the registers).
-  if constexpr (R == 1 && C == 1) {
-    stream_steps<F>(w, rows, k_begin, k_end, lane, xt[0], sum, acc);
-  } else {
+  // With one column group, the weight chunks (and scale bytes) of the next step load
+  // while this one computes: a step is short. More groups make it long enough (and need
+  // the registers).
   constexpr bool kPrefetch = C == 1;
   uint4 raw[R][2];
   uint32_t bits[R][2];
@@ -491,7 +400,6 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
       }
     }
   }
-  }
 
   // The shares' sums, added in share order.
   const float(&total)[R][C][4] = kFp8 ? acc : sum;
@@ -510,6 +418,15 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 // its MMAs in k order (FP8: the 128-k blocks times their scales), then the shares'
 // totals added in share order. So a token's row has the same bits from either tile.
 
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
+               "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
 
 template <WeightFormat F, int R, int C, typename Columns>
 __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
@@ -655,14 +572,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// A warp's tile: one token (or one routed pair), 1 row tile (16 rows) whose weight
-// streams through shared memory several steps ahead (stream_steps: a one-token product
-// is bound by reading the weight); up to 8 tokens, 2 row tiles (32 rows) by 1 column
-// group, so x's conversion serves two tiles and registers leave room for the next step's
-// loads. More tokens: 2 row tiles by 2 column groups (16 tokens per pass), each decoded
-// chunk used twice and each converted x twice; FP4 (32-value chunks, twice the
-// registers) takes 1 row tile by 4 groups instead, what fits in 128 registers without
-// spilling. No tile changes a row's bits: the k split is the weight's (mma_k_split).
+// A warp's tile: up to 8 tokens, 2 row tiles (32 rows) by 1 column group, so x's
+// conversion serves two tiles and registers leave room for the next step's loads. More
+// tokens: 2 row tiles by 2 column groups (16 tokens per pass), each decoded chunk used
+// twice and each converted x twice; FP4 (32-value chunks, twice the registers) takes 1
+// row tile by 4 groups instead, what fits in 128 registers without spilling.
 constexpr int kFewTokens = 8;
 template <WeightFormat F>
 constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
@@ -707,9 +621,7 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
 
 template <WeightFormat F>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
-  if (tokens == 1) {
-    launch<F, 1, 1>(w, x, y, tokens, stream);
-  } else if (tokens <= kFewTokens) {
+  if (tokens <= kFewTokens) {
     launch<F, 2, 1>(w, x, y, tokens, stream);
   } else {
     launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
@@ -767,7 +679,7 @@ template <WeightFormat F>
 void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
                   int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, cudaStream_t stream) {
   if (pairs <= kUngrouped) {
-    launch_pairs<F, 1, 1, false>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+    launch_pairs<F, 2, 1, false>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
   } else if (pairs <= int64_t{kFewTokens} * n_table) {
     launch_pairs<F, 2, 1, true>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
   } else {
