@@ -45,8 +45,9 @@ std::string default_model() {
   return here.string();
 }
 
-// Room the forward pass's intermediate buffers may take at the largest step.
-constexpr uint64_t kWorkspaceReserve = uint64_t{2} << 30;
+// Room the forward pass's intermediate buffers may take at the largest step: the
+// launched steps' workspace, and on one GPU the decode graphs' own (up to 256 rows).
+constexpr uint64_t kWorkspaceReserve = uint64_t{3} << 30;
 
 // On a GPU the sequence state (running requests and prefix snapshots) may take
 // `fraction` of the device's memory, less what is in use now (weights and all) and room
