@@ -1229,7 +1229,8 @@ class Pieces {
 
   template <typename Launches>
   void capture(Launches& launches) {
-    check_api(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    cudaError_t status = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+    if (status != cudaSuccess) return give_up(cudaGetErrorString(status), launches);
     cudaGraph_t graph = nullptr;
     std::string failure;
     try {
@@ -1237,22 +1238,25 @@ class Pieces {
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+    status = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
     if (failure.empty() && status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (failure.empty() && status != cudaSuccess) failure = cudaGetErrorString(status);
-    if (!failure.empty()) {  // nothing captured ran: launch the piece as it is
-      cudaGetLastError();
-      graphs_->enabled = false;
-      graphs_->counts.failure = failure;
-      graphs_->clear();
-      mode_ = Mode::eager;
-      launches();
-      return;
-    }
+    if (!failure.empty()) return give_up(failure, launches);
     captured_.push_back(exec);
     check_api(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  }
+  // Graphs off for the model, with the reason; nothing captured ran, so the piece runs
+  // as it is.
+  template <typename Launches>
+  void give_up(const std::string& failure, Launches& launches) {
+    cudaGetLastError();
+    graphs_->enabled = false;
+    graphs_->counts.failure = failure;
+    graphs_->clear();
+    mode_ = Mode::eager;
+    launches();
   }
 
   GpuModel::DecodeGraphs* graphs_;
