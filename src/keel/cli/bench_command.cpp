@@ -326,6 +326,9 @@ void add_bench(CLI::App& app) {
                  r.drafts, r.tokens_per_second, r.tokens_per_second / decode_tps, 100.0 * r.stats.accepted / std::max<int64_t>(1, r.stats.drafted),
                  static_cast<double>(r.stats.tokens) / std::max<int64_t>(1, r.stats.steps));
     }
+    if (const std::string graphs = runner.executor().decode_graphs(); !graphs.empty()) {
+      fmt::print("decode graphs           {}\n", graphs);
+    }
     if (o->profile) print_profile(runner, prompt, o->decode);
     if (comm_floor > 0) {
       fmt::print("decode communication    {:.3f} ms per step = {:.1f}% of the step; floor {:.3f} ms ({} all-reduces of "

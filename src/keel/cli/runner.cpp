@@ -79,6 +79,12 @@ class GpuExecutor final : public Executor {
   }
   void set_profiling(bool on) override { model_->set_profiling(on); }
   std::map<std::string, double> profile() const override { return model_->profile(); }
+  std::string decode_graphs() const override {
+    const cuda::DecodeGraphCounts c = model_->decode_graph_counts();
+    if (!c.failure.empty()) return "off after a capture failed (" + c.failure + "); steps launch kernel by kernel";
+    if (!c.on) return "off (--eager)";
+    return fmt::format("on: {} bucket captures, {} steps replayed", c.captured, c.replayed);
+  }
 
  private:
   static std::vector<cuda::DeviceChunk> device_chunks(std::span<const SequenceChunk> batch) {

@@ -1673,6 +1673,10 @@ void GpuModel::set_decode_graphs(bool on) {
   if (on) graphs_->counts.failure.clear();
 }
 
-DecodeGraphCounts GpuModel::decode_graph_counts() const { return graphs_->counts; }
+DecodeGraphCounts GpuModel::decode_graph_counts() const {
+  DecodeGraphCounts counts = graphs_->counts;
+  counts.on = graphs_->enabled;
+  return counts;
+}
 
 }  // namespace keel::cuda

@@ -116,6 +116,7 @@ struct ExpertShare {
 
 // How decode steps used their CUDA graphs since graphs were last turned on.
 struct DecodeGraphCounts {
+  bool on = true;        // set_decode_graphs's, and false after a failed capture
   int64_t captured = 0;  // buckets captured (again after a larger bucket regrew the buffers)
   int64_t replayed = 0;  // steps replayed
   std::string failure;   // why graphs turned themselves off (a capture failed), if they did

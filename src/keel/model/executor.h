@@ -90,6 +90,8 @@ class Executor {
   // was turned on (rank 0's with several GPUs); empty where there is no profile.
   virtual void set_profiling(bool /*on*/) {}
   virtual std::map<std::string, double> profile() const { return {}; }
+  // One GPU: how its decode steps used CUDA graphs, a line for reports; empty elsewhere.
+  virtual std::string decode_graphs() const { return {}; }
 };
 
 class CpuExecutor final : public Executor {
