@@ -1180,7 +1180,7 @@ namespace {
 
 // One call's pieces (the parts between attention cores), in order: each launched as it
 // comes (any call but a graph step, and the first step of a new largest bucket), captured
-// then launched (a bucket's second step), or replayed. A capture that fails (a CUDA call
+// then launched (a bucket's first step once the buffers fit it), or replayed. A capture that fails (a CUDA call
 // the capture refuses) turns graphs off for the model, with the reason in its counts,
 // and the piece runs launch by launch: a graph never fails a step that would run without.
 class Pieces {
