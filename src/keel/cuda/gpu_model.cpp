@@ -749,7 +749,7 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
       jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
     }
   }
-  for (int64_t r = live; r < S; ++r) jobs.push_back({ws.o.data() + r * H * hd, ws.o.data(), H * hd});
+  for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   copy_jobs(s, jobs);
 }
 
@@ -994,6 +994,7 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   upload_floats(m->head_fn_, t.hc_head.fn);
   upload_floats(m->head_base_, t.hc_head.base);
   upload_floats(m->head_scale_, t.hc_head.scale);
+  int hash_layers = 0;
   const auto upload_layer = [&](const LayerWeights& w) {
     Layer& d = m->layers_.emplace_back();
     d.kind = w.attn.kind;
@@ -1023,7 +1024,7 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
     upload_floats(d.bias, w.ffn.bias);
     if (w.ffn.kind == MlpKind::hash_moe) {
       d.tid2eid = &w.ffn.tid2eid;
-      d.hash_slot = m->hash_layers_++;
+      d.hash_slot = hash_layers++;
     }
     std::vector<DeviceWeight> w1s, w2s, w3s;
     for (size_t e = 0; e < w.ffn.experts.size(); ++e) {
@@ -1154,8 +1155,7 @@ struct GpuModel::DecodeGraphs {
   Workspace work;
   std::map<int64_t, std::vector<cudaGraphExec_t>> by_bucket;  // one graph per piece of a step
   int64_t sized_for = 0;  // the largest bucket run: every buffer fits it
-  bool enabled = true;
-  DecodeGraphCounts counts;
+  DecodeGraphCounts counts;  // counts.on: whether decode steps take graphs
 
   DecodeGraphs() = default;
   DecodeGraphs(const DecodeGraphs&) = delete;
@@ -1179,10 +1179,11 @@ struct GpuModel::DecodeGraphs {
 namespace {
 
 // One call's pieces (the parts between attention cores), in order: each launched as it
-// comes (any call but a graph step, and the first step of a new largest bucket), captured
-// then launched (a bucket's first step once the buffers fit it), or replayed. A capture that fails (a CUDA call
-// the capture refuses) turns graphs off for the model, with the reason in its counts,
-// and the piece runs launch by launch: a graph never fails a step that would run without.
+// comes (any call but a graph step, and the first step of a new largest bucket),
+// captured then launched (a bucket's first step once the buffers fit it), or replayed.
+// A capture that fails (a CUDA call the capture refuses) turns graphs off for the model,
+// with the reason in its counts, and the piece runs launch by launch: a graph never
+// fails a step that would run without.
 class Pieces {
  public:
   Pieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, cudaStream_t stream)
@@ -1252,7 +1253,7 @@ class Pieces {
   template <typename Launches>
   void give_up(const std::string& failure, Launches& launches) {
     cudaGetLastError();
-    graphs_->enabled = false;
+    graphs_->counts.on = false;
     graphs_->counts.failure = failure;
     graphs_->clear();
     mode_ = Mode::eager;
@@ -1275,10 +1276,10 @@ void upload_inputs(const ModelConfig& c, std::span<const GpuModel::Layer> layers
   const int64_t S = static_cast<int64_t>(tokens.size()), k = c.num_experts_per_tok, G = c.o_groups;
   ws.stage.upload(ws.tokens, tokens, stream);
   ws.stage.upload(ws.positions, positions, stream);
-  std::vector<int32_t> hashed;
+  const auto hash_layers = std::count_if(layers.begin(), layers.end(), [](const auto& L) { return L.tid2eid; });
+  std::vector<int32_t> hashed(hash_layers * S * k);
   for (const GpuModel::Layer& L : layers) {
     if (!L.tid2eid) continue;
-    hashed.resize(static_cast<size_t>((L.hash_slot + 1) * S * k));
     for (int64_t t = 0; t < S; ++t) std::copy_n(&(*L.tid2eid)[tokens[t] * k], k, &hashed[(L.hash_slot * S + t) * k]);
   }
   ws.stage.upload(ws.hashed, std::span<const int32_t>(hashed), stream);
@@ -1318,7 +1319,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   // A decode step (one token per sequence) replays the bucket's graphs where it can; its
   // padded rows are copies of row 0.
   const bool decode_step = !journal && std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.count == 1; });
-  const bool graphs_apply = decode_step && graphs_->enabled && share_.ranks() == 1 && !work_->timer;
+  const bool graphs_apply = decode_step && graphs_->counts.on && share_.ranks() == 1 && !work_->timer;
   const int64_t bucket = graphs_apply ? DecodeGraphs::bucket_of(static_cast<int64_t>(tokens.size())) : 0;
   DecodeGraphs* graphs = bucket ? graphs_.get() : nullptr;
   if (graphs) {
@@ -1669,14 +1670,9 @@ void GpuModel::set_profiling(bool on) {
 void GpuModel::set_decode_graphs(bool on) {
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   graphs_->clear();
-  graphs_->enabled = on;
-  if (on) graphs_->counts.failure.clear();
+  graphs_->counts = {.on = on};
 }
 
-DecodeGraphCounts GpuModel::decode_graph_counts() const {
-  DecodeGraphCounts counts = graphs_->counts;
-  counts.on = graphs_->enabled;
-  return counts;
-}
+DecodeGraphCounts GpuModel::decode_graph_counts() const { return graphs_->counts; }
 
 }  // namespace keel::cuda

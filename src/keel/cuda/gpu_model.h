@@ -116,7 +116,7 @@ struct ExpertShare {
 
 // How decode steps used their CUDA graphs since graphs were last turned on.
 struct DecodeGraphCounts {
-  bool on = true;        // set_decode_graphs's, and false after a failed capture
+  bool on = true;        // set_decode_graphs's; false after a failed capture
   int64_t captured = 0;  // buckets captured (again after a larger bucket regrew the buffers)
   int64_t replayed = 0;  // steps replayed
   std::string failure;   // why graphs turned themselves off (a capture failed), if they did
@@ -246,7 +246,6 @@ class GpuModel {
   std::unique_ptr<Workspace> work_;
   std::unique_ptr<DecodeGraphs> graphs_;  // and the workspace of the steps they replay
   mutable Workspace* call_ = nullptr;     // the current call's workspace: work_'s or the graphs'
-  int hash_layers_ = 0;                   // layers with a tid2eid table
   std::shared_ptr<DeviceBlockPool> pool_;
   mutable std::map<std::string, double> profile_;
 };
