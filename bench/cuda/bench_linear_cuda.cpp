@@ -1,7 +1,9 @@
 // The CUDA matrix kernels per stored format on DeepSeek-V4-Flash shapes, next to the
 // device copy bandwidth measured in the same run (cudaMemcpy device to device: bytes
 // read + bytes written per second), one row per case and kernel (gemv: linear(), the
-// CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel); then FP8 and MXFP4 shapes
+// CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel); then one token's
+// projections of one x as a Flash layer makes them, one by one and as one group
+// (linear_mma_group); then FP8 and MXFP4 shapes
 // at 1, 8, 64, 256 and 4096 tokens per call (FP8 also by w8a8: linear_w8a8, FP8
 // activations on FP8 tensor cores, on sm_89 and later); then the routed experts' pair forms (gemv:
 // linear_pairs, mma: linear_pairs_mma) over 256 experts, 6 per token; then the
@@ -13,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -127,6 +130,81 @@ int main(int argc, char** argv) {
     for (keel::cuda::DeviceWeight& w : copies) keel::cuda::release(w);
     cudaFree(x);
     cudaFree(y);
+  }
+
+  // One token's projections of one x, as a Flash decode layer makes them: one by one
+  // (linear_mma each) against one launch (linear_mma_group). The x of a CSA layer's
+  // attention feeds wq_a, wkv, the compressor's wkv and wgate and the indexer's
+  // compressor wkv, wgate and weights_proj; the x of the MoE the router's gate and the
+  // shared expert's w1 and w3. Each call takes the next of enough copies of the group to
+  // pass 512 MiB (no weight found in L2).
+  struct Group {
+    const char* name;
+    std::vector<Case> members;
+  };
+  const Case kWqA{"wq_a", 1024, 4096, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      kWkv{"wkv", 512, 4096, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3},
+      kCompressor{"compressor", 1024, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
+      kIndexCompressor{"indexer compressor", 256, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
+      kIndexWeights{"indexer weights", 64, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
+      kGate{"router", 256, 4096, keel::WeightFormat::bf16, keel::DType::bf16},
+      kShared{"shared expert", 2048, 4096, keel::WeightFormat::fp8_block, keel::DType::f8_e4m3};
+  const Group groups[] = {
+      {"attention x (sliding)", {kWqA, kWkv}},
+      {"attention x (CSA)", {kWqA, kWkv, kCompressor, kCompressor, kIndexCompressor, kIndexCompressor, kIndexWeights}},
+      {"moe x", {kGate, kShared, kShared}},
+  };
+  fmt::print("\n{:<28} {:>8} {:>12} {:>12} {:>10} {:>12} {:>8}\n", "one token, one x", "weights", "MiB",
+             "one by one", "group", "group GB/s", "of copy");
+  for (const Group& g : groups) {
+    std::vector<std::unique_ptr<keel::OwnedWeight>> hosts;
+    for (const Case& c : g.members) {
+      hosts.push_back(std::make_unique<keel::OwnedWeight>(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype));
+    }
+    std::vector<std::vector<keel::cuda::DeviceWeight>> copies;  // copies[i]: one copy of the group
+    std::vector<float*> ys;
+    for (const Case& c : g.members) {
+      float* y = nullptr;
+      check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
+      ys.push_back(y);
+    }
+    uint64_t group_bytes = 0;
+    while (copies.empty() || copies.size() * group_bytes < (size_t{512} << 20)) {
+      copies.emplace_back();
+      group_bytes = 0;
+      for (const auto& h : hosts) {
+        copies.back().push_back(keel::cuda::upload(h->weight()));
+        group_bytes += copies.back().back().bytes;
+      }
+    }
+    const std::vector<float> xs = normal(4096);
+    float* x = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
+    check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    size_t next = 0;
+    const double alone = seconds(
+        [&] {
+          const auto& ws = copies[next++ % copies.size()];
+          for (size_t i = 0; i < ws.size(); ++i) keel::cuda::linear_mma(ws[i], x, ys[i], 1, nullptr);
+        },
+        iters);
+    const double grouped = seconds(
+        [&] {
+          const auto& ws = copies[next++ % copies.size()];
+          std::vector<keel::cuda::GemmProduct> products;
+          for (size_t i = 0; i < ws.size(); ++i) products.push_back({&ws[i], ys[i]});
+          keel::cuda::linear_mma_group(products, x, 1, nullptr);
+        },
+        iters);
+    check(cudaDeviceSynchronize());
+    const double bw = group_bytes / grouped;
+    fmt::print("{:<28} {:>8} {:>12.1f} {:>10.1f}us {:>10.1f}us {:>12.0f} {:>7.1f}%\n", g.name, g.members.size(),
+               group_bytes / 1048576.0, alone * 1e6, grouped * 1e6, bw / 1e9, 100 * bw / copy_bw);
+    for (auto& ws : copies) {
+      for (keel::cuda::DeviceWeight& w : ws) keel::cuda::release(w);
+    }
+    for (float* y : ys) cudaFree(y);
+    cudaFree(x);
   }
 
   // Several rows of x per call (batched decode of many sequences, prefill): the GEMV

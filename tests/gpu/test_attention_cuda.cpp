@@ -179,6 +179,11 @@ TEST(CudaAttention, SplitKeysMatchCpuReference) {
   check_case({.heads = 64, .head_dim = 512, .kv_rows = 4096, .keys = {128 + 2000}, .sink_shift = 0.0f}, 82);
   check_case({.heads = 8, .head_dim = 64, .kv_rows = 64, .keys = {1000, 3}, .sink_shift = 0.0f}, 83);
   check_case({.heads = 5, .head_dim = 96, .kv_rows = 300, .keys = {1000}, .sink_shift = 2.0f}, 84);
+  // Splits of more keys than a block finds at once (128): 16 splits of 313 and of 294
+  // keys, 3 passes each with a ragged last tile; whole float4 rows and (head_dim 100 is
+  // not a multiple of 4) rows copied a float at a time.
+  check_case({.heads = 8, .head_dim = 64, .kv_rows = 700, .keys = {5000, 4700, 2}, .sink_shift = 0.0f}, 85);
+  check_case({.heads = 6, .head_dim = 100, .kv_rows = 500, .keys = {5000}, .sink_shift = 1.0f}, 86);
 }
 
 TEST(CudaAttention, RefusesHeadDimOverLimit) {

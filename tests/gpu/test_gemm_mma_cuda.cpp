@@ -383,5 +383,146 @@ TEST(CudaMmaCases, PairsOfOtherShapesGoToTheGemvPairs) {
   }
 }
 
+// Several products of one x in one launch (linear_mma_group): each product's rows bit
+// for bit what linear_mma gives that weight alone. The group: bf16 and FP8 (ue8m0 and
+// f32 scales, a row view straddling a scale block) at row counts across tiles and k
+// splits, with products it leaves to linear_mma (MXFP4, NVFP4, an f32 weight that goes
+// to the GEMV) among them, 11 in all so the group takes two launches; 1 to 8 tokens
+// (one launch) and 9 and 33 (one by one). Outputs poisoned.
+TEST(CudaMmaCases, GroupGivesEachProductItsOwnBits) {
+  const int64_t in = 1152;
+  struct Member {
+    WeightCase c;
+    int64_t out;
+  };
+  const Member members[] = {{kBf16, 1024}, {kFp8Ue8m0, 512}, {kFp8F32, 261}, {kMxfp4, 77},  {kBf16, 45},
+                            {kFp8Ue8m0, 2048}, {kF32, 37}, {kBf16, 64},     {kNvfp4, 100}, {kFp8Ue8m0, 33},
+                            {kBf16, 256}};
+  std::vector<std::unique_ptr<OwnedWeight>> hosts;
+  std::vector<DeviceWeight> weights;
+  uint32_t seed = 90;
+  for (const Member& m : members) {
+    hosts.push_back(std::make_unique<OwnedWeight>(random_normal(m.out * in, seed++), m.out, in, m.c.format, m.c.dtype,
+                                                  m.c.scales));
+    weights.push_back(upload(hosts.back()->weight()));
+  }
+  // A view of rows 100..299 of the 512-row FP8 weight: its tiles straddle the stored
+  // scale blocks.
+  weights.push_back(fp8_rows(weights[1], 100, 200));
+  for (const int64_t tokens : {1, 3, 8, 9, 33}) {
+    const std::vector<float> x = random_normal(tokens * in, seed++);
+    float* dx = device_copy(x);
+    std::vector<GemmProduct> products;
+    std::vector<float*> outputs;
+    for (const DeviceWeight& w : weights) {
+      outputs.push_back(device_poisoned(tokens * w.out));
+      products.push_back({&w, outputs.back()});
+    }
+    linear_mma_group(products, dx, tokens);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const int64_t n = tokens * weights[i].out;
+      float* alone = device_poisoned(n);
+      linear_mma(weights[i], dx, alone, tokens);
+      const std::vector<float> want = host_copy(alone, n), got = host_copy(outputs[i], n);
+      ASSERT_TRUE(std::none_of(got.begin(), got.end(), [](float v) { return std::isnan(v); }))
+          << "product " << i << ": an output left unwritten";
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+          << "product " << i << " (" << weights[i].out << "x" << in << ") of the group, " << tokens << " tokens";
+      cudaFree(alone);
+      cudaFree(outputs[i]);
+    }
+    cudaFree(dx);
+  }
+  weights.pop_back();  // the view
+  for (DeviceWeight& w : weights) release(w);
+}
+
+// An expert's gate and up projections in one launch (linear_pairs_mma_two): each table's
+// rows bit for bit what linear_pairs_mma gives it alone, for every format, ungrouped
+// (up to 8 pairs) and grouped pairs in both tile sizes, with unrouted pairs and an
+// entry without data; and for a shape the tensor cores do not take (the GEMV pairs).
+TEST_P(CudaMma, TwoTablesInOneLaunchKeepTheirBits) {
+  const WeightCase& c = GetParam();
+  const int64_t out = 261, in = is_fp4(c) ? 512 : 320;
+  constexpr int kExperts = 5;
+  std::vector<std::unique_ptr<OwnedWeight>> hosts;
+  std::vector<DeviceWeight> uploaded;
+  for (int e = 0; e < 2 * kExperts; ++e) {
+    hosts.push_back(std::make_unique<OwnedWeight>(random_normal(out * in, 110 + e), out, in, c.format, c.dtype,
+                                                  c.scales));
+    uploaded.push_back(upload(hosts.back()->weight()));
+  }
+  std::vector<DeviceWeight> gate(uploaded.begin(), uploaded.begin() + kExperts),
+      up(uploaded.begin() + kExperts, uploaded.end());
+  gate[2] = {}, up[2] = {};  // another rank's expert
+  DeviceWeight* dgate = device_copy(gate);
+  DeviceWeight* dup = device_copy(up);
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int32_t> pick(-1, kExperts - 1);
+  for (const int per_row : {1, 6}) {
+    for (const int64_t pairs : {1, 6, 8, 9, 40, 300}) {
+      std::vector<int32_t> ids(pairs);
+      for (int32_t& id : ids) id = pick(rng);
+      const int64_t tokens = (pairs + per_row - 1) / per_row;
+      int32_t* dids = device_copy(ids);
+      float* dx = device_copy(random_normal(tokens * in, 130 + static_cast<uint32_t>(pairs)));
+      int32_t* scratch = device_poisoned<int32_t>(linear_pairs_scratch(pairs, kExperts));
+      float *y1 = device_poisoned(pairs * out), *y2 = device_poisoned(pairs * out);
+      float *want1 = device_poisoned(pairs * out), *want2 = device_poisoned(pairs * out);
+      const auto check = [&] {
+        linear_pairs_mma_two(dgate, dup, kExperts, uploaded[0], dids, pairs, per_row, dx, y1, y2, scratch);
+        linear_pairs_mma(dgate, kExperts, uploaded[0], dids, pairs, per_row, dx, want1, scratch);
+        linear_pairs_mma(dup, kExperts, uploaded[0], dids, pairs, per_row, dx, want2, scratch);
+        for (const auto& [got, want] : {std::pair{y1, want1}, std::pair{y2, want2}}) {
+          const std::vector<float> a = host_copy(got, pairs * out), b = host_copy(want, pairs * out);
+          ASSERT_TRUE(std::none_of(a.begin(), a.end(), [](float v) { return std::isnan(v); }))
+              << c.name << ": an output left unwritten";
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+              << c.name << ": " << pairs << " pairs, " << per_row << " per row, table " << (got == y1 ? 1 : 2);
+        }
+      };
+      if (pairs > 8 * kExperts) {
+        for_each_tile(check);
+      } else {
+        check();
+      }
+      for (void* q : {static_cast<void*>(dids), static_cast<void*>(dx), static_cast<void*>(scratch),
+                      static_cast<void*>(y1), static_cast<void*>(y2), static_cast<void*>(want1),
+                      static_cast<void*>(want2)})
+        cudaFree(q);
+      if (HasFatalFailure()) break;
+    }
+  }
+  cudaFree(dgate);
+  cudaFree(dup);
+  for (DeviceWeight& w : uploaded) release(w);
+
+  // A width the tensor cores do not take: both tables through the GEMV pair form.
+  const int64_t odd_in = is_fp4(c) ? 64 : 48;
+  const OwnedWeight a(random_normal(37 * odd_in, 140), 37, odd_in, c.format, c.dtype, c.scales),
+      b(random_normal(37 * odd_in, 141), 37, odd_in, c.format, c.dtype, c.scales);
+  std::vector<DeviceWeight> ta{upload(a.weight())}, tb{upload(b.weight())};
+  DeviceWeight *da = device_copy(ta), *db = device_copy(tb);
+  const std::vector<int32_t> ids{0, -1, 0};
+  int32_t* dids = device_copy(ids);
+  float* dx = device_copy(random_normal(3 * odd_in, 142));
+  EXPECT_FALSE(linear_mma_takes(ta[0], dx));
+  float *y1 = device_poisoned(3 * 37), *y2 = device_poisoned(3 * 37), *w1 = device_poisoned(3 * 37),
+        *w2 = device_poisoned(3 * 37);
+  linear_pairs_mma_two(da, db, 1, ta[0], dids, 3, 1, dx, y1, y2, nullptr);
+  linear_pairs(da, 1, ta[0], dids, 3, 1, dx, w1, nullptr);
+  linear_pairs(db, 1, ta[0], dids, 3, 1, dx, w2, nullptr);
+  for (const auto& [got, want] : {std::pair{y1, w1}, std::pair{y2, w2}}) {
+    const std::vector<float> g = host_copy(got, 3 * 37), w = host_copy(want, 3 * 37);
+    EXPECT_TRUE(std::none_of(g.begin(), g.end(), [](float v) { return std::isnan(v); })) << c.name << " (GEMV pairs)";
+    EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0) << c.name << " (GEMV pairs)";
+  }
+  release(ta[0]);
+  release(tb[0]);
+  for (void* q : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dids), static_cast<void*>(dx),
+                  static_cast<void*>(y1), static_cast<void*>(y2), static_cast<void*>(w1), static_cast<void*>(w2)})
+    cudaFree(q);
+}
+
 }  // namespace
 }  // namespace keel::cuda

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/mma_bf16.cuh"
 
 namespace keel::cuda {
@@ -34,12 +35,20 @@ __host__ __device__ constexpr int splits_of(int keys, int keys_per_split = kKeys
 // sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
 // splits start empty (m = −inf, l = 0). With one split the result is written as is;
 // with several, each split's (m, l, sum) goes to `partial` for `combine`.
+//
+// The split's key rows are found kFound at a time (one thread a key, all in flight at
+// once), and each tile is copied into shared memory (cp.async, two buffers) while the
+// warps fold in the tile before it: a tile costs one memory round trip at most, where
+// copying it element by element cost one per element a thread copied.
+constexpr int kFound = kHeadsPerBlock * kWarp;
+
 __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
            PagedTables paged) {
-  __shared__ float tile[kTile * kMaxAttentionHeadDim];
+  __shared__ __align__(16) float tiles[2][kTile * kMaxAttentionHeadDim];
+  __shared__ const float* rows[kFound];  // key rows of the current pass
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -58,24 +67,25 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   }
   float m = split == 0 ? (active ? sinks[h] : 0.0f) : -INFINITY, l = split == 0 ? 1.0f : 0.0f;
 
-  const int per_split = (all + splits - 1) / splits;
-  const int first = key_offsets[b] + min(all, split * per_split);
-  const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
-  __shared__ const float* rows[kTile];  // the tile's key rows, found once per key
-  for (int base = 0; base < count; base += kTile) {
-    const int n = min(kTile, count - base);
-    __syncthreads();  // the previous tile is no longer read
-    if (threadIdx.x < n) {
-      const int64_t r = key_index[first + base + threadIdx.x];
-      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+  // Keys `first` .. `first + n - 1` of the pass (n ≤ kTile) into `tile`, one commit group.
+  const bool vector = head_dim % 4 == 0;  // rows 16-byte aligned: whole float4 copies
+  const auto stage = [&](int first, int n, float* tile) {
+    if (vector) {
+      const int quads = head_dim / 4;
+      for (int e = threadIdx.x; e < n * quads; e += blockDim.x) {
+        const int j = e / quads, d = 4 * (e % quads);
+        cp_async16(tile + j * kMaxAttentionHeadDim + d, rows[first + j] + d);
+      }
+    } else {
+      for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
+        const int j = e / head_dim, d = e % head_dim;
+        cp_async4(tile + j * kMaxAttentionHeadDim + d, rows[first + j] + d);
+      }
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
-      const int j = e / head_dim, d = e % head_dim;
-      tile[j * kMaxAttentionHeadDim + d] = rows[j][d];
-    }
-    __syncthreads();
-    if (!active) continue;
+    cp_async_commit();
+  };
+  // The tile's n keys into m, l and acc, in key order.
+  const auto fold = [&](const float* tile, int n) {
     float s[kTile];
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
@@ -94,7 +104,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
 #pragma unroll
       for (int offset = kWarp / 2; offset > 0; offset /= 2) s[j] += __shfl_xor_sync(0xffffffffu, s[j], offset);
     }
-    for (int j = 0; j < n; ++j) {
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      if (j >= n) break;
       const float score = s[j] * scale;
       if (score > m) {
         const float correction = expf(m - score);
@@ -110,6 +122,31 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
         const int d = lane + kWarp * i;
         if (d < head_dim) acc[i] += p * tile[j * kMaxAttentionHeadDim + d];
       }
+    }
+  };
+
+  const int per_split = (all + splits - 1) / splits;
+  const int first = key_offsets[b] + min(all, split * per_split);
+  const int count = min(all, (split + 1) * per_split) - min(all, split * per_split);
+  for (int pass = 0; pass < count; pass += kFound) {
+    const int found = min(kFound, count - pass), n_tiles = (found + kTile - 1) / kTile;
+    __syncthreads();  // the previous pass's rows and tiles are no longer read
+    if (threadIdx.x < found) {
+      const int64_t r = key_index[first + pass + threadIdx.x];
+      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+    }
+    __syncthreads();
+    stage(0, min(kTile, found), tiles[0]);
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t + 1 < n_tiles) {
+        stage((t + 1) * kTile, min(kTile, found - (t + 1) * kTile), tiles[(t + 1) % 2]);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t is in shared memory
+      if (active) fold(tiles[t % 2], min(kTile, found - t * kTile));
+      __syncthreads();  // its buffer is free for tile t + 2
     }
   }
   if (!active) return;
@@ -133,20 +170,38 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
 }
 
 // One block per (sequence, head) of a sequence whose keys were split: the splits'
-// softmax pieces rescaled to their common max and added, in split order.
+// softmax pieces rescaled to their common max and added, in split order. Each split's
+// m and l, and then a column's sums, are loaded all at once (the loops are unrolled to
+// kMaxSplits), so a column costs one memory round trip, not one per split.
 __global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
                         int head_dim, int stride, int keys_per_split, float* __restrict__ out) {
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int splits = splits_of(key_offsets[b + 1] - key_offsets[b], keys_per_split);
   if (splits == 1) return;  // written by the decode kernel
   const float* p = partial + bh * stride * (head_dim + 2);
+  float m[kMaxSplits], weight[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) m[s] = s < splits ? p[s * (head_dim + 2)] : -INFINITY;
   float top = -INFINITY;
-  for (int s = 0; s < splits; ++s) top = fmaxf(top, p[s * (head_dim + 2)]);
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) top = fmaxf(top, m[s]);
+  }
   float l = 0.0f;
-  for (int s = 0; s < splits; ++s) l += p[s * (head_dim + 2) + 1] * expf(p[s * (head_dim + 2)] - top);
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    weight[s] = s < splits ? expf(m[s] - top) : 0.0f;
+    if (s < splits) l += p[s * (head_dim + 2) + 1] * weight[s];
+  }
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sums[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) sums[s] = s < splits ? p[s * (head_dim + 2) + 2 + d] : 0.0f;
     float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += p[s * (head_dim + 2) + 2 + d] * expf(p[s * (head_dim + 2)] - top);
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits) sum += sums[s] * weight[s];
+    }
     out[bh * head_dim + d] = sum / l;
   }
 }

@@ -7,8 +7,10 @@
 #include <climits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda/check.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/mma_bf16.cuh"
 #include "cuda/mma_shares.cuh"
 #include "cuda/moe.h"
@@ -418,16 +420,6 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 // its MMAs in k order (FP8: the 128-k blocks times their scales), then the shares'
 // totals added in share order. So a token's row has the same bits from either tile.
 
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
-               "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 template <WeightFormat F, int R, int C, typename Columns>
 __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
   constexpr int V = Mma<F>::kValues, K = kStep<F>;
@@ -535,18 +527,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// Block (blockIdx.x, blockIdx.y): rows block blockIdx.x for the pairs of group
-// blockIdx.y, a tile of one expert's pairs, its weight read once for all of them.
+// Block (blockIdx.x, blockIdx.y, blockIdx.z): rows block blockIdx.x for the pairs of
+// group blockIdx.y, a tile of one expert's pairs, its weight read once for all of them;
+// blockIdx.z = 1 takes the second table into the second output instead (an expert's
+// gate and up projections, same shape and x, in one launch).
 // Blocks past the groups group_pairs made do nothing; a group of unrouted pairs or of
 // an expert without data (another rank's) writes zeros. Ungrouped, group p is pair p
 // alone. Each expert's shape and encoding are like's; its pointers, first row and
 // global scale come from its table entry. kStaged: the staged tile (grouped only).
 template <WeightFormat F, int R, int C, bool kGrouped, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
-    mma_pairs(const DeviceWeight* __restrict__ table, DeviceWeight like, const int32_t* __restrict__ experts,
-              const int32_t* __restrict__ order, const PairGroup* __restrict__ groups,
-              const int32_t* __restrict__ group_count, int per_row, const float* __restrict__ x,
-              float* __restrict__ y, int split) {
+    mma_pairs(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second_table, DeviceWeight like,
+              const int32_t* __restrict__ experts, const int32_t* __restrict__ order,
+              const PairGroup* __restrict__ groups, const int32_t* __restrict__ group_count, int per_row,
+              const float* __restrict__ x, float* __restrict__ y, float* __restrict__ second_y, int split) {
+  if (blockIdx.z == 1) table = second_table, y = second_y;
   PairGroup group;
   if constexpr (kGrouped) {
     if (static_cast<int>(blockIdx.y) >= *group_count) return;
@@ -628,6 +623,51 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
   }
 }
 
+// --- Several weights over one x, one launch ------------------------------------------------
+//
+// A one-token product of a small weight is a few dozen blocks, each a chain of dependent
+// steps: the GPU stays mostly idle, and the launches follow one another. The products
+// of a group (one x, up to 8 tokens) run as one launch instead, its blocks split among
+// them in order; each block runs mma_linear's tile for its weight with that weight's
+// split, so every product keeps the bits it has alone.
+
+constexpr int kMaxGroup = 8;
+struct GroupLaunch {
+  DeviceWeight w[kMaxGroup];
+  float* y[kMaxGroup];
+  int split[kMaxGroup];
+  int first_block[kMaxGroup + 1];  // product j's blocks: [first_block[j], first_block[j + 1])
+  int count = 0;
+};
+
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_group(const __grid_constant__ GroupLaunch g, const float* __restrict__ x, int tokens) {
+  int j = 0;
+  while (j + 1 < g.count && static_cast<int>(blockIdx.x) >= g.first_block[j + 1]) ++j;
+  const DeviceWeight& w = g.w[j];
+  const Consecutive cols{x, g.y[j], w.in, w.out, tokens};
+  const int64_t block = blockIdx.x - g.first_block[j];
+  switch (w.format) {
+    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1>(w, block, g.split[j], cols);
+    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1>(w, block, g.split[j], cols);
+    default: return;  // never grouped (group_takes)
+  }
+}
+
+// The group kernel holds the dense formats' tiles (bf16, FP8): with the FP4 ones too it
+// would spill registers.
+bool group_takes(const DeviceWeight& w, const float* x) {
+  return (w.format == WeightFormat::bf16 || w.format == WeightFormat::fp8_block) && linear_mma_takes(w, x);
+}
+
+void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cudaStream_t stream) {
+  if (g.count == 0) return;
+  g.first_block[g.count] = blocks;
+  mma_group<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(g, x, static_cast<int>(tokens));
+  check(cudaGetLastError(), "linear_mma_group launch");
+  g.count = 0;
+}
+
 // linear_pairs_mma's scratch: the pair indices expert by expert, the groups, their count.
 constexpr int64_t kGroupInts = sizeof(PairGroup) / sizeof(int32_t);
 static_assert(sizeof(PairGroup) == kGroupInts * sizeof(int32_t) && alignof(PairGroup) <= alignof(int32_t));
@@ -636,13 +676,20 @@ static_assert(sizeof(PairGroup) == kGroupInts * sizeof(int32_t) && alignof(PairG
 // (one token's experts are distinct), and grouping costs a launch.
 constexpr int64_t kUngrouped = 8;
 
+// One or two tables of experts over the same pairs, each into its output (the second
+// null when one).
+struct Tables {
+  const DeviceWeight *first, *second;
+  float *y, *second_y;
+};
+
 // The pairs grouped by expert in tiles of a kernel's 8·C columns (or not at all), then
 // a block per (row block, group). The grid's second dimension is the most groups there
 // can be: one per pair, and besides the full tiles at most one partial tile per expert
 // (and one of the unrouted).
 template <WeightFormat F, int R, int C, bool kGrouped>
-void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
-                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, cudaStream_t stream) {
+void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+                  int per_row, const float* x, int32_t* scratch, cudaStream_t stream) {
   constexpr int kTile = 8 * C;
   int32_t *order = nullptr, *count = nullptr;
   PairGroup* groups = nullptr;
@@ -660,31 +707,31 @@ void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& li
   if (most > 65535 || blocks > INT_MAX) {
     throw std::runtime_error("cuda::linear_pairs_mma: " + std::to_string(pairs) + " pairs in one call");
   }
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(most));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(most), t.second ? 2 : 1);
   if constexpr (kGrouped && C > 1) {
     if (staged) {
-      mma_pairs<F, R, C, true, true><<<grid, kThreads, 0, stream>>>(table, like, experts, order, groups, count, per_row,
-                                                                    x, y, split);
+      mma_pairs<F, R, C, true, true><<<grid, kThreads, 0, stream>>>(t.first, t.second, like, experts, order, groups,
+                                                                    count, per_row, x, t.y, t.second_y, split);
       return check(cudaGetLastError(), "linear_pairs_mma launch");
     }
   }
-  mma_pairs<F, R, C, kGrouped><<<grid, kThreads, 0, stream>>>(table, like, experts, order, groups, count, per_row, x, y,
-                                                              split);
+  mma_pairs<F, R, C, kGrouped><<<grid, kThreads, 0, stream>>>(t.first, t.second, like, experts, order, groups, count,
+                                                              per_row, x, t.y, t.second_y, split);
   check(cudaGetLastError(), "linear_pairs_mma launch");
 }
 
 // The tile as linear_mma picks it by tokens per call, here by pairs per table entry on
 // average: batched decode's few take 8 columns, prefill's many the larger tile.
 template <WeightFormat F>
-void launch_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
-                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, cudaStream_t stream) {
+void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+                  int per_row, const float* x, int32_t* scratch, cudaStream_t stream) {
   if (pairs <= kUngrouped) {
-    launch_pairs<F, 2, 1, false>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+    launch_pairs<F, 2, 1, false>(t, n_table, like, experts, pairs, per_row, x, scratch, stream);
   } else if (pairs <= int64_t{kFewTokens} * n_table) {
-    launch_pairs<F, 2, 1, true>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
+    launch_pairs<F, 2, 1, true>(t, n_table, like, experts, pairs, per_row, x, scratch, stream);
   } else {
-    launch_pairs<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2, true>(table, n_table, like, experts, pairs, per_row, x, y,
-                                                           scratch, stream);
+    launch_pairs<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2, true>(t, n_table, like, experts, pairs, per_row, x, scratch,
+                                                           stream);
   }
 }
 
@@ -729,20 +776,40 @@ void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens,
   }
 }
 
+void linear_mma_group(std::span<const GemmProduct> products, const float* x, int64_t tokens, void* stream_ptr) {
+  if (tokens <= 0) return;
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  GroupLaunch g;
+  int blocks = 0;
+  for (const GemmProduct& p : products) {
+    if (tokens > kFewTokens || !group_takes(*p.w, x)) {  // alone, as linear_mma takes it
+      linear_mma(*p.w, x, p.y, tokens, stream_ptr);
+      continue;
+    }
+    if (g.count == kMaxGroup) launch_group(g, std::exchange(blocks, 0), x, tokens, stream);
+    const int split = mma_k_split(*p.w);
+    const int64_t rows = int64_t{kWarps / split} * 16 * 2;  // mma_linear<F, 2, 1>'s block
+    g.w[g.count] = *p.w, g.y[g.count] = p.y, g.split[g.count] = split, g.first_block[g.count] = blocks;
+    blocks += static_cast<int>((p.w->out + rows - 1) / rows);
+    ++g.count;
+  }
+  launch_group(g, blocks, x, tokens, stream);
+}
+
 int64_t linear_pairs_scratch(int64_t pairs, int /*n_table*/) {
   return pairs <= 0 ? 0 : (1 + kGroupInts) * pairs + 1;  // order, groups (at most one per pair), count
 }
 
-void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
-                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream_ptr) {
-  if (pairs <= 0) return;
-  if (!linear_mma_takes(like, x) || n_table < 1 || n_table > kMaxGroupedExperts) {
-    return linear_pairs(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
-  }
+namespace {
+
+bool pairs_take(const DeviceWeight& like, const float* x, int n_table) {
+  return linear_mma_takes(like, x) && n_table >= 1 && n_table <= kMaxGroupedExperts;
+}
+
+void run_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
+               int per_row, const float* x, int32_t* scratch, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const auto run = [&]<WeightFormat F>() {
-    launch_pairs<F>(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream);
-  };
+  const auto run = [&]<WeightFormat F>() { launch_pairs<F>(t, n_table, like, experts, pairs, per_row, x, scratch, stream); };
   switch (like.format) {
     case WeightFormat::bf16: return run.template operator()<WeightFormat::bf16>();
     case WeightFormat::fp8_block: return run.template operator()<WeightFormat::fp8_block>();
@@ -750,6 +817,28 @@ void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight
     case WeightFormat::nvfp4: return run.template operator()<WeightFormat::nvfp4>();
     default: break;
   }
+}
+
+}  // namespace
+
+void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
+                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream_ptr) {
+  if (pairs <= 0) return;
+  if (!pairs_take(like, x, n_table)) {
+    return linear_pairs(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
+  }
+  run_pairs({table, nullptr, y, nullptr}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr);
+}
+
+void linear_pairs_mma_two(const DeviceWeight* table, const DeviceWeight* second_table, int n_table,
+                          const DeviceWeight& like, const int32_t* experts, int64_t pairs, int per_row, const float* x,
+                          float* y, float* second_y, int32_t* scratch, void* stream_ptr) {
+  if (pairs <= 0) return;
+  if (!pairs_take(like, x, n_table)) {
+    linear_pairs_mma(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
+    return linear_pairs_mma(second_table, n_table, like, experts, pairs, per_row, x, second_y, scratch, stream_ptr);
+  }
+  run_pairs({table, second_table, y, second_y}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr);
 }
 
 void register_gemm_mma(Registry& registry) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "cuda/linear.h"
 #include "plan/kernel_registry.h"
@@ -32,6 +33,19 @@ namespace keel::cuda {
 // weights, the odd widths of small test models) goes to linear(), the CUDA-core GEMV,
 // with that kernel's numerics. Same signature as linear().
 void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream = nullptr);
+
+// One product of a group: y = x · Wᵀ.
+struct GemmProduct {
+  const DeviceWeight* w;
+  float* y;
+};
+
+// Every product of the group over the same x ([tokens, in], each weight's in), each
+// bit for bit what linear_mma gives it: with up to 8 tokens, the bf16 and FP8 ones that
+// linear_mma takes on the tensor cores run in one launch (up to 8 products a launch,
+// both formats mixed), the GPU filled by several small weights at once; the others, and
+// every product of more tokens, run one after another.
+void linear_mma_group(std::span<const GemmProduct> products, const float* x, int64_t tokens, void* stream = nullptr);
 
 // Whether linear_mma computes this product on the tensor cores (rather than handing it
 // to linear()).
@@ -55,6 +69,13 @@ bool linear_mma_takes(const DeviceWeight& w, const float* x);
 void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
                       int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch,
                       void* stream = nullptr);
+
+// linear_pairs_mma over two tables of the same shape and encoding (an expert's gate and
+// up projections) for the same pairs and x, into y and second_y: one launch, the pairs
+// grouped once; each row bit for bit what linear_pairs_mma gives it.
+void linear_pairs_mma_two(const DeviceWeight* table, const DeviceWeight* second_table, int n_table,
+                          const DeviceWeight& like, const int32_t* experts, int64_t pairs, int per_row, const float* x,
+                          float* y, float* second_y, int32_t* scratch, void* stream = nullptr);
 
 // How many warps of a block (1 to 8) share a row tile's k, in contiguous shares of
 // 128-k units: a function of the weight's shape only, never of the token count, so

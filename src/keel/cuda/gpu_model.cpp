@@ -320,6 +320,25 @@ struct Step {
     linear(w, x, y, count);
     return y;
   }
+  // Several projections of the same x, each into its buffer (grown to fit): those the
+  // plan put on the tensor-core GEMM as one group (linear_mma_group: one launch for a
+  // decode step's rows, the same bits as one by one), the others one by one.
+  struct Projection {
+    const DeviceLinear* w;
+    DeviceBuffer<float>* out;
+  };
+  void project_all(std::span<const Projection> projections, const float* x) const {
+    std::vector<GemmProduct> group;
+    for (const Projection& p : projections) {
+      float* y = grow(*p.out, count * p.w->w.out);
+      if (k.gemm[static_cast<size_t>(p.w->planned)] == &cuda::linear_mma) {
+        group.push_back({&p.w->w, y});
+      } else {
+        linear(*p.w, x, y, count);
+      }
+    }
+    linear_mma_group(group, x, count, stream);
+  }
   void mark(const char* stage) const {
     if (ws.timer) ws.timer->mark(stage, stream);
   }
@@ -600,32 +619,36 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
   GpuModel::Workspace& ws = s.ws;
   const int64_t* positions = ws.positions.data();
 
-  s.mark("attention: q, kv projections, norms, rope");
-  float* qr = s.project(L.wq_a, x, ws.qr);
+  // Every projection of x at once (the compressors' and the indexer's too), then those
+  // of the normed q latent.
+  s.mark("attention: projections, norms, rope");
+  std::vector<Step::Projection> of_x{{&L.wq_a, &ws.qr}, {&L.wkv, &ws.kv}};
+  if (L.compressor) {
+    of_x.insert(of_x.end(), {{&L.compressor->wkv, &ws.proj_kv}, {&L.compressor->wgate, &ws.proj_gate}});
+  }
+  if (L.index_compressor) {
+    of_x.insert(of_x.end(), {{&L.index_compressor->wkv, &ws.index_kv},
+                             {&L.index_compressor->wgate, &ws.index_gate},
+                             {&L.index_weights, &ws.index_w}});
+  }
+  s.project_all(of_x, x);
+  float* qr = ws.qr.data();
   s.k.norm(qr, L.q_norm.data(), s.eps(), qr, S, c.q_lora_rank, s.stream);
-  float* q = s.project(L.wq_b, qr, ws.q);
+  std::vector<Step::Projection> of_qr{{&L.wq_b, &ws.q}};
+  if (L.index_compressor) of_qr.push_back({&L.index_wq_b, &ws.index_q});
+  s.project_all(of_qr, qr);
+  float* q = ws.q.data();
   rms_norm_unweighted(q, s.eps(), S * H, hd, s.stream);
   cuda::rope(s.rope, q, S, static_cast<int>(H), static_cast<int>(hd), positions, false, s.stream);
-  float* kv = s.project(L.wkv, x, ws.kv);
+  float* kv = ws.kv.data();
   s.k.norm(kv, L.kv_norm.data(), s.eps(), kv, S, hd, s.stream);
   cuda::rope(s.rope, kv, S, 1, static_cast<int>(hd), positions, false, s.stream);
   // o is written by the core and read by the output projections: sized here, with the
   // other buffers both sides use.
   grow(ws.o, S * H * hd);
-
-  if (L.compressor) {
-    s.mark("attention: compressor");
-    s.project(L.compressor->wkv, x, ws.proj_kv);
-    s.project(L.compressor->wgate, x, ws.proj_gate);
-  }
   if (L.index_compressor) {
-    s.mark("attention: indexer keys and queries");
-    s.project(L.index_compressor->wkv, x, ws.index_kv);
-    s.project(L.index_compressor->wgate, x, ws.index_gate);
-    float* iq = s.project(L.index_wq_b, qr, ws.index_q);
-    cuda::rope(s.rope, iq, S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
-    float* iw = s.project(L.index_weights, x, ws.index_w);
-    scale(iw, S * c.index_n_heads, 1.0f / std::sqrt(static_cast<float>(c.index_n_heads)), s.stream);
+    cuda::rope(s.rope, ws.index_q.data(), S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
+    scale(ws.index_w.data(), S * c.index_n_heads, 1.0f / std::sqrt(static_cast<float>(c.index_n_heads)), s.stream);
   }
 }
 
@@ -803,8 +826,13 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
   const ModelConfig& c = s.c;
   GpuModel::Workspace& ws = s.ws;
   const int64_t S = s.count, E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
-  s.mark("moe: router");
-  float* scores = s.project(L.gate, x, ws.scores);
+  // The router's scores and the shared expert's gate and up projections, all of x, at once.
+  s.mark("moe: router, shared expert's gate and up");
+  const bool shared_here = s.share.rank == 0;  // the shared expert, once across the ranks
+  std::vector<Step::Projection> of_x{{&L.gate, &ws.scores}};
+  if (shared_here) of_x.insert(of_x.end(), {{&L.shared.w1, &ws.shared_g}, {&L.shared.w3, &ws.shared_up}});
+  s.project_all(of_x, x);
+  float* scores = ws.scores.data();
   // A hash layer's experts, looked up on the host with the call's inputs.
   const int32_t* hashed = L.hash_slot >= 0 ? ws.hashed.data() + L.hash_slot * S * k : nullptr;
   const int64_t pairs = S * k;
@@ -828,23 +856,30 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
       kernel(table.data(), static_cast<int>(table.size()), like.w, ws.route_experts.data(), pairs, per_row, in, result,
              ws.pair_scratch.data(), s.stream);
     };
-    pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
-    pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
+    const DeviceWeight &w1 = L.like.w1.w, &w3 = L.like.w3.w;
+    const bool alike = L.like.w1.planned == L.like.w3.planned && w1.format == w3.format && w1.dtype == w3.dtype &&
+                       w1.out == w3.out && w1.in == w3.in && w1.f32_scales == w3.f32_scales;
+    if (alike && s.k.experts[static_cast<size_t>(L.like.w1.planned)] == &linear_pairs_mma) {
+      // The tensor-core pair form takes an expert's gate and up projections in one launch.
+      linear_pairs_mma_two(L.w1s.data(), L.w3s.data(), static_cast<int>(L.w1s.size()), w1,
+                           ws.route_experts.data(), pairs, static_cast<int>(k), x, g, up, ws.pair_scratch.data(),
+                           s.stream);
+    } else {
+      pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
+      pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
+    }
     swiglu_limit(s, g, up, pairs * I);
     pairs_through(L.w2s, L.like.w2, 1, g, y);
   } else {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
   }
-  s.mark("moe: shared expert, combine");
+  s.mark("moe: shared expert's down, combine");
   const float* shared = nullptr;
-  if (s.share.rank == 0) {  // the shared expert, once across the ranks
+  if (shared_here) {
     const int64_t I = L.shared.w1.w.out;
-    float* g = grow(ws.shared_g, S * I);
-    float* up = grow(ws.shared_up, S * I);
+    float* g = ws.shared_g.data();
     float* ys = grow(ws.shared_out, S * D);
-    s.linear(L.shared.w1, x, g, S);
-    s.linear(L.shared.w3, x, up, S);
-    swiglu_limit(s, g, up, S * I);
+    swiglu_limit(s, g, ws.shared_up.data(), S * I);
     s.linear(L.shared.w2, g, ys, S);
     shared = ys;
   }

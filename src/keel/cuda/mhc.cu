@@ -184,22 +184,25 @@ __global__ void collapse(const float* __restrict__ pre, const float* __restrict_
   out[n] = collapse_one(pre + t * hc, streams + t * hc * dim + d, hc, dim);
 }
 
-// hc_head after mix_dots (rows = hc): one block per token adds up the slices, forms
-// pre in shared memory, then collapses the streams with its threads striding over D.
+// hc_head after mix_dots (rows = hc): block (chunk, token) adds up the slices, forms
+// pre in shared memory (each block of a token alike), then collapses the streams over
+// its chunk of D, a channel per thread (one block over all of D walked it 16 loads deep
+// per thread at Flash width, one round trip after another).
+constexpr int kHeadThreads = 256;
 __global__ void head(const float* __restrict__ dots, const float* __restrict__ base, const float* __restrict__ scale,
                      const float* __restrict__ streams, int hc, int64_t dim, float hc_eps, float norm_eps,
                      float* __restrict__ out) {
   __shared__ float d[kMaxHyperStreams + 1];
   __shared__ float pre[kMaxHyperStreams];
-  const int64_t t = blockIdx.x, width = hc * dim;
+  const int64_t t = blockIdx.y, width = hc * dim;
   sum_slices(dots, t, hc, width, d);
   if (const int j = threadIdx.x; j < hc) {
     const float r = rms_factor(d[hc], width, norm_eps);
     pre[j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
   }
   __syncthreads();
-  const float* v = streams + t * width;
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[t * dim + c] = collapse_one(pre, v + c, hc, dim);
+  const int64_t c = int64_t{blockIdx.x} * kHeadThreads + threadIdx.x;
+  if (c < dim) out[t * dim + c] = collapse_one(pre, streams + t * width + c, hc, dim);
 }
 
 // One thread per (token, channel): reads the hc old values first, so in place is safe.
@@ -291,8 +294,8 @@ void hyper_head(const HyperParams& p, const float* fn, const float* base, const 
                   static_cast<unsigned>(tokens));
   mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, p.hc, p.hc * p.dim, scratch);
   check(cudaGetLastError(), "hyper_head launch");
-  head<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(scratch, base, scale, streams, p.hc, p.dim, p.hc_eps,
-                                                         p.norm_eps, out);
+  const dim3 chunks(blocks_of(p.dim, kHeadThreads, "cuda::hyper_head"), static_cast<unsigned>(tokens));
+  head<<<chunks, kHeadThreads, 0, stream>>>(scratch, base, scale, streams, p.hc, p.dim, p.hc_eps, p.norm_eps, out);
   check(cudaGetLastError(), "hyper_head launch");
 }
 
