@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <numeric>
@@ -70,6 +71,7 @@ const Kernel kKernels[] = {{"gemv", &keel::cuda::linear}, {"mma", &keel::cuda::l
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row out as it is measured, also when stopped part-way
   int iters = 50;
   if (argc == 3 && std::string(argv[1]) == "--iters") iters = std::atoi(argv[2]);
   cudaDeviceProp prop{};
