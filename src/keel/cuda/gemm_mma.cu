@@ -7,7 +7,7 @@
 #include <climits>
 #include <stdexcept>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
@@ -582,31 +582,14 @@ constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 // bits; set_mma_tiles overrides the choice.
 std::atomic<MmaTiles> tiles_in_use{MmaTiles::automatic};
 
-// The device's multiprocessors, read once per device (a benign race: the same value).
-int multiprocessors() {
-  static int counts[64] = {};
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  int& n = counts[device % 64];
-  if (n == 0) check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return n;
-}
-
 bool staged_fills_gpu(int64_t blocks) {
   if (tiles_in_use != MmaTiles::automatic) return tiles_in_use == MmaTiles::staged;
-  return blocks >= 4 * int64_t{multiprocessors()};
-}
-
-// A few-token launch of two-row-tile warps that would not give every multiprocessor two
-// blocks (wo_b: 128 blocks; wq_a and wkv together: 48) takes one-row-tile warps instead:
-// twice the warps, so twice the loads in flight, each row summed as before (the tile's
-// rows never mix).
-bool one_row_tile(int64_t blocks_of_two) { return blocks_of_two < 2 * int64_t{multiprocessors()}; }
-
-// Blocks of a split-warps tile of R row tiles per warp over w's rows.
-int64_t split_blocks(const DeviceWeight& w, int rows_per_warp) {
-  const int64_t rows = int64_t{kWarps / mma_k_split(w)} * rows_per_warp;
-  return (w.out + rows - 1) / rows;
+  static int multiprocessors[64] = {};  // per device, read once (a benign race: the same value)
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int& n = multiprocessors[device % 64];
+  if (n == 0) check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return blocks >= 4 * int64_t{n};
 }
 
 template <WeightFormat F, int R, int C>
@@ -634,7 +617,6 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
 template <WeightFormat F>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
   if (tokens <= kFewTokens) {
-    if (one_row_tile(split_blocks(w, 32))) return launch<F, 1, 1>(w, x, y, tokens, stream);
     launch<F, 2, 1>(w, x, y, tokens, stream);
   } else {
     launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
@@ -658,7 +640,6 @@ struct GroupLaunch {
   int count = 0;
 };
 
-template <int R>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_group(const __grid_constant__ GroupLaunch g, const float* __restrict__ x, int tokens) {
   int j = 0;
@@ -667,8 +648,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const Consecutive cols{x, g.y[j], w.in, w.out, tokens};
   const int64_t block = blockIdx.x - g.first_block[j];
   switch (w.format) {
-    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, R, 1>(w, block, g.split[j], cols);
-    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, R, 1>(w, block, g.split[j], cols);
+    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1>(w, block, g.split[j], cols);
+    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1>(w, block, g.split[j], cols);
     default: return;  // never grouped (group_takes)
   }
 }
@@ -679,23 +660,12 @@ bool group_takes(const DeviceWeight& w, const float* x) {
   return (w.format == WeightFormat::bf16 || w.format == WeightFormat::fp8_block) && linear_mma_takes(w, x);
 }
 
-// Up to kMaxGroup products in one launch, with one row tile per warp where two would
-// leave the GPU short of blocks (one_row_tile, as linear_mma chooses).
-void launch_group(std::span<const GemmProduct> products, const float* x, int64_t tokens, cudaStream_t stream) {
-  int64_t blocks_of_two = 0;
-  for (const GemmProduct& p : products) blocks_of_two += split_blocks(*p.w, 32);
-  const int rows_per_warp = one_row_tile(blocks_of_two) ? 16 : 32;
-  GroupLaunch g;
-  int blocks = 0;
-  for (const GemmProduct& p : products) {
-    g.w[g.count] = *p.w, g.y[g.count] = p.y, g.split[g.count] = mma_k_split(*p.w), g.first_block[g.count] = blocks;
-    blocks += static_cast<int>(split_blocks(*p.w, rows_per_warp));
-    ++g.count;
-  }
+void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cudaStream_t stream) {
+  if (g.count == 0) return;
   g.first_block[g.count] = blocks;
-  const auto kernel = rows_per_warp == 16 ? mma_group<1> : mma_group<2>;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(g, x, static_cast<int>(tokens));
+  mma_group<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(g, x, static_cast<int>(tokens));
   check(cudaGetLastError(), "linear_mma_group launch");
+  g.count = 0;
 }
 
 // linear_pairs_mma's scratch: the pair indices expert by expert, the groups, their count.
@@ -809,18 +779,21 @@ void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens,
 void linear_mma_group(std::span<const GemmProduct> products, const float* x, int64_t tokens, void* stream_ptr) {
   if (tokens <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  std::vector<GemmProduct> grouped;
+  GroupLaunch g;
+  int blocks = 0;
   for (const GemmProduct& p : products) {
     if (tokens > kFewTokens || !group_takes(*p.w, x)) {  // alone, as linear_mma takes it
       linear_mma(*p.w, x, p.y, tokens, stream_ptr);
-    } else {
-      grouped.push_back(p);
+      continue;
     }
+    if (g.count == kMaxGroup) launch_group(g, std::exchange(blocks, 0), x, tokens, stream);
+    const int split = mma_k_split(*p.w);
+    const int64_t rows = int64_t{kWarps / split} * 16 * 2;  // mma_linear<F, 2, 1>'s block
+    g.w[g.count] = *p.w, g.y[g.count] = p.y, g.split[g.count] = split, g.first_block[g.count] = blocks;
+    blocks += static_cast<int>((p.w->out + rows - 1) / rows);
+    ++g.count;
   }
-  for (size_t first = 0; first < grouped.size(); first += kMaxGroup) {
-    const size_t n = std::min<size_t>(kMaxGroup, grouped.size() - first);
-    launch_group(std::span(grouped).subspan(first, n), x, tokens, stream);
-  }
+  launch_group(g, blocks, x, tokens, stream);
 }
 
 int64_t linear_pairs_scratch(int64_t pairs, int /*n_table*/) {
