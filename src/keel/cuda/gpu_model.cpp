@@ -315,11 +315,6 @@ struct Step {
     if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU kernel was planned for a weight of this format");
     kernel(w.w, x, y, rows, stream);
   }
-  float* project(const DeviceLinear& w, const float* x, DeviceBuffer<float>& out) const {
-    float* y = grow(out, count * w.w.out);
-    linear(w, x, y, count);
-    return y;
-  }
   // Several projections of the same x, each into its buffer (grown to fit): those the
   // plan put on the tensor-core GEMM as one group (linear_mma_group: one launch for a
   // decode step's rows, the same bits as one by one), the others one by one.
