@@ -277,9 +277,13 @@ __device__ __forceinline__ bool step_factors(const uint32_t (&bits)[R][2], Facto
   return F == WeightFormat::mxfp4 && __any_sync(0xffffffffu, big);
 }
 
+// Where a step's x comes from: f32 in global memory, f32 in shared memory (a block's
+// staged tile), or already split into bf16 hi + lo in shared memory (split_x below).
+enum class XFrom { global, shared, split };
+
 // One step: every MMA of the chunks `raw` against the first `groups` column groups, x of
-// group c from x[c] (this lane's V values of the step, global or shared), hi then lo.
-template <WeightFormat F, int R, int C, bool kShared, bool kBig>
+// group c from x[c] (this lane's chunk of the step), hi then lo.
+template <WeightFormat F, int R, int C, XFrom kX, bool kBig>
 __device__ __forceinline__ void mma_step(const uint4 (&raw)[R][2], const Factors (&f)[R][2],
                                          const float* const (&x)[C], int groups, float (&sum)[R][C][4]) {
   using Fmt = Mma<F>;
@@ -295,9 +299,15 @@ __device__ __forceinline__ void mma_step(const uint4 (&raw)[R][2], const Factors
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (c > 0 && c >= groups) break;  // a tile has a token: no test for the first group
-      float v[4];
-      Fmt::template x_slots<kShared>(x[c], j, xq[c], v);
-      const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
+      Split b0, b1;
+      if constexpr (kX == XFrom::split) {
+        const uint4 b = *reinterpret_cast<const uint4*>(x[c] + 4 * j);
+        b0 = {b.x, b.z}, b1 = {b.y, b.w};
+      } else {
+        float v[4];
+        Fmt::template x_slots<kX == XFrom::shared>(x[c], j, xq[c], v);
+        b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
+      }
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         mma(sum[i][c], a[i], b0.hi, b1.hi);
@@ -332,6 +342,66 @@ __device__ __forceinline__ void store(const DeviceWeight& w, const Columns& cols
   cols.y_row(j)[o] = v;
 }
 
+// --- x split once, in shared memory ------------------------------------------------------
+//
+// A split tile's warps each read their own share of k, so none of x's loads is reused in
+// the block: read from global memory, each step waited a round trip to L2 for its x
+// (ncu: a quarter of a one-token product's stalls), and every warp split its x into
+// bf16 hi + lo again (each of the 8 lane groups the same values, for one token). Where
+// the tile's columns fit, the block splits all of their x at the start, while the first
+// weight chunks load, into shared memory as each MMA takes it: per lane chunk (V values)
+// and MMA j, the words hi(v0, v1), hi(v2, v3), lo(v0, v1), lo(v2, v3) of x_slots' order.
+// A chunk's V words are followed by 4 of padding so that the 4 lanes of a step read
+// distinct banks, and rows (tokens) lie 16 words apart modulo the 32 banks, so that the
+// two lane groups of a quarter warp do too.
+
+// The shares of the tile's totals (add_shares), one array per kernel whichever x it reads.
+template <int R, int C>
+__device__ __forceinline__ float (&tile_shares())[kWarps][R * C * 4][kWarp] {
+  __shared__ float shares[kWarps][R * C * 4][kWarp];
+  return shares;
+}
+
+// What a launch may take without opting in (48 KiB in all) past its few-token tile's
+// shares.
+constexpr int64_t kSplitXBytes = 48 * 1024 - kWarps * 2 * 4 * kWarp * int64_t{sizeof(float)};
+
+// Words a row of split x takes: a chunk's V words and 4 of padding, and with several
+// rows, up to 16 modulo 32.
+template <WeightFormat F>
+__host__ __device__ constexpr int64_t split_x_words(int64_t in, int64_t rows) {
+  const int64_t words = in / Mma<F>::kValues * (Mma<F>::kValues + 4);
+  return rows == 1 ? words : (words + 15) / 32 * 32 + 16;
+}
+
+// Shared memory for split x of `count` rows of `in`, or 0 where it would not fit.
+template <WeightFormat F>
+int64_t split_x_bytes(int64_t in, int64_t count) {
+  const int64_t bytes = count * split_x_words<F>(in, count) * int64_t{sizeof(uint32_t)};
+  return bytes <= kSplitXBytes ? bytes : 0;
+}
+
+// The block's threads split the columns' rows of x into `to`, a lane chunk each at a time.
+template <WeightFormat F, typename Columns>
+__device__ __forceinline__ void split_x(const Columns& cols, int64_t in, float* to) {
+  using Fmt = Mma<F>;
+  constexpr int V = Fmt::kValues;
+  const int chunks = static_cast<int>(in / V), words = static_cast<int>(split_x_words<F>(in, cols.count));
+  for (int e = threadIdx.x; e < cols.count * chunks; e += kThreads) {
+    const int j = e / chunks, chunk = e % chunks;
+    const float* from = cols.x_row(j) + chunk * V;
+    uint4* into = reinterpret_cast<uint4*>(to + j * words + chunk * (V + 4));
+    float4 q[2];
+#pragma unroll
+    for (int m = 0; m < V / 4; ++m) {
+      float v[4];
+      Fmt::template x_slots<false>(from, m, q, v);
+      const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
+      into[m] = make_uint4(b0.hi, b1.hi, b0.lo, b1.lo);
+    }
+  }
+}
+
 // Row block `block` holds kWarps / split row warps of 16·R rows each, `split` warps per
 // row warp sharing its k in contiguous shares of 128-k units; it computes them for the
 // tile's columns. Rows past the end (in the last block) read the last row again, columns
@@ -340,9 +410,9 @@ __device__ __forceinline__ void store(const DeviceWeight& w, const Columns& cols
 //
 // A row's sum for a token: per warp share, the MMAs in k order (hi, then lo, per MMA),
 // FP8 folding each 128-k block's sum times its scale into the total; then the shares
-// added in share order. Nothing here depends on R, C, the block's columns or the other
-// tokens.
-template <WeightFormat F, int R, int C, typename Columns>
+// added in share order. Nothing here depends on R, C, the block's columns, the other
+// tokens or where x is read from (kSplitX: split by the block into dynamic shared memory).
+template <WeightFormat F, int R, int C, bool kSplitX, typename Columns>
 __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
   constexpr int V = Mma<F>::kValues, K = kStep<F>;
   constexpr bool kFp8 = F == WeightFormat::fp8_block;
@@ -353,11 +423,17 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   const int64_t units = (w.in + kUnit - 1) / kUnit;
   const int64_t k_begin = share * units / split * kUnit, k_end = min(w.in, (share + 1) * units / split * kUnit);
 
-  // This lane's rows (g and g+8 of each tile) and its token of each column group.
+  // This lane's rows (g and g+8 of each tile) and where its token of each column group
+  // starts (its chunk of the step at k = 0).
   const LaneRows<F, R> rows(w, row0, g, t);
+  extern __shared__ __align__(16) float split_x_rows[];
   const float* xt[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) xt[c] = cols.x_row(min(8 * c + g, cols.count - 1)) + V * t;
+  for (int c = 0; c < C; ++c) {
+    const int j = min(8 * c + g, cols.count - 1);
+    xt[c] = kSplitX ? split_x_rows + j * split_x_words<F>(w.in, cols.count) + (V + 4) * t  // padded chunks
+                    : cols.x_row(j) + V * t;
+  }
 
   float sum[R][C][4] = {};  // the MMAs' accumulators (FP8: of the current 128-k block)
   float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
@@ -369,6 +445,10 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   uint4 raw[R][2];
   uint32_t bits[R][2];
   if (kPrefetch && k_begin < k_end) rows.load(k_begin, raw, bits);
+  if constexpr (kSplitX) {  // while the first chunks load
+    split_x<F>(cols, w.in, split_x_rows);
+    __syncthreads();
+  }
   float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
   for (int64_t k = k_begin; k < k_end; k += K) {
     uint4 next[R][2];
@@ -385,11 +465,12 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     }
     const float* x[C];
 #pragma unroll
-    for (int c = 0; c < C; ++c) x[c] = xt[c] + k;
+    for (int c = 0; c < C; ++c) x[c] = xt[c] + (kSplitX ? k + 4 * (k / V) : k);
+    constexpr XFrom kX = kSplitX ? XFrom::split : XFrom::global;
     if (big) {
-      mma_step<F, R, C, false, true>(raw, f, x, groups, sum);
+      mma_step<F, R, C, kX, true>(raw, f, x, groups, sum);
     } else {
-      mma_step<F, R, C, false, false>(raw, f, x, groups, sum);
+      mma_step<F, R, C, kX, false>(raw, f, x, groups, sum);
     }
     if constexpr (kFp8) {
       if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
@@ -405,8 +486,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 
   // The shares' sums, added in share order.
   const float(&total)[R][C][4] = kFp8 ? acc : sum;
-  __shared__ float shares[kWarps][R * C * 4][kWarp];
-  add_shares(total, shares, warp, lane, share, split,
+  add_shares(total, tile_shares<R, C>(), warp, lane, share, split,
              [&](int row, int j, float v) { store<F>(w, cols, row0 + row, j, v); });
 }
 
@@ -476,9 +556,9 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
 #pragma unroll
       for (int c = 0; c < C; ++c) x[c] = tile[u % 2] + (8 * c + g) * kStride + at + 4 * (at / V);
       if (big) {
-        mma_step<F, R, C, true, true>(raw, f, x, groups, sum);
+        mma_step<F, R, C, XFrom::shared, true>(raw, f, x, groups, sum);
       } else {
-        mma_step<F, R, C, true, false>(raw, f, x, groups, sum);
+        mma_step<F, R, C, XFrom::shared, false>(raw, f, x, groups, sum);
       }
     }
     if constexpr (kFp8) fold_block(sum, scale, acc);
@@ -512,8 +592,9 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
 }
 
 // Block `blockIdx.x / passes` of rows, tokens [8·C·pass, 8·C·(pass + 1)) for pass
-// `blockIdx.x % passes`, by the split warps' tile or (kStaged) the staged one.
-template <WeightFormat F, int R, int C, bool kStaged = false>
+// `blockIdx.x % passes`, by the split warps' tile (kSplitX: x split in dynamic shared
+// memory) or (kStaged) the staged one.
+template <WeightFormat F, int R, int C, bool kStaged = false, bool kSplitX = false>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_linear(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens, int split,
                unsigned passes) {
@@ -523,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (kStaged) {
     staged_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
   } else {
-    mma_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
+    mma_tile<F, R, C, kSplitX>(w, blockIdx.x / passes, split, cols);
   }
 }
 
@@ -534,8 +615,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Blocks past the groups group_pairs made do nothing; a group of unrouted pairs or of
 // an expert without data (another rank's) writes zeros. Ungrouped, group p is pair p
 // alone. Each expert's shape and encoding are like's; its pointers, first row and
-// global scale come from its table entry. kStaged: the staged tile (grouped only).
-template <WeightFormat F, int R, int C, bool kGrouped, bool kStaged = false>
+// global scale come from its table entry. kStaged: the staged tile (grouped only);
+// kSplitX: the split warps' tile with x split in dynamic shared memory.
+template <WeightFormat F, int R, int C, bool kGrouped, bool kStaged = false, bool kSplitX = false>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_pairs(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second_table, DeviceWeight like,
               const int32_t* __restrict__ experts, const int32_t* __restrict__ order,
@@ -563,7 +645,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (kStaged) {
     staged_tile<F, R, C>(w, blockIdx.x, split, cols);
   } else {
-    mma_tile<F, R, C>(w, blockIdx.x, split, cols);
+    mma_tile<F, R, C, kSplitX>(w, blockIdx.x, split, cols);
   }
 }
 
@@ -608,6 +690,10 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
                                                                                        static_cast<unsigned>(passes));
       return check(cudaGetLastError(), "linear_mma launch");
     }
+  } else if (const int64_t x_bytes = split_x_bytes<F>(w.in, tokens); x_bytes > 0) {  // tokens ≤ 8
+    mma_linear<F, R, C, false, true><<<static_cast<unsigned>(blocks), kThreads, x_bytes, stream>>>(
+        w, x, y, tokens, split, static_cast<unsigned>(passes));
+    return check(cudaGetLastError(), "linear_mma launch");
   }
   mma_linear<F, R, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
                                                                              static_cast<unsigned>(passes));
@@ -640,6 +726,8 @@ struct GroupLaunch {
   int count = 0;
 };
 
+// kSplitX: x split in dynamic shared memory (where every product's fits).
+template <bool kSplitX>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_group(const __grid_constant__ GroupLaunch g, const float* __restrict__ x, int tokens) {
   int j = 0;
@@ -648,8 +736,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const Consecutive cols{x, g.y[j], w.in, w.out, tokens};
   const int64_t block = blockIdx.x - g.first_block[j];
   switch (w.format) {
-    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1>(w, block, g.split[j], cols);
-    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1>(w, block, g.split[j], cols);
+    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1, kSplitX>(w, block, g.split[j], cols);
+    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1, kSplitX>(w, block, g.split[j], cols);
     default: return;  // never grouped (group_takes)
   }
 }
@@ -660,10 +748,26 @@ bool group_takes(const DeviceWeight& w, const float* x) {
   return (w.format == WeightFormat::bf16 || w.format == WeightFormat::fp8_block) && linear_mma_takes(w, x);
 }
 
+// The shared memory a grouped product's x takes (0: it does not fit).
+int64_t group_x_bytes(const DeviceWeight& w, int64_t tokens) {
+  return w.format == WeightFormat::bf16 ? split_x_bytes<WeightFormat::bf16>(w.in, tokens)
+                                        : split_x_bytes<WeightFormat::fp8_block>(w.in, tokens);
+}
+
 void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cudaStream_t stream) {
   if (g.count == 0) return;
   g.first_block[g.count] = blocks;
-  mma_group<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(g, x, static_cast<int>(tokens));
+  int64_t x_bytes = 0;
+  for (int j = 0; j < g.count; ++j) {
+    const int64_t bytes = group_x_bytes(g.w[j], tokens);
+    if (bytes == 0) {
+      x_bytes = 0;
+      break;
+    }
+    x_bytes = std::max(x_bytes, bytes);
+  }
+  const auto kernel = x_bytes > 0 ? mma_group<true> : mma_group<false>;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, x_bytes, stream>>>(g, x, static_cast<int>(tokens));
   check(cudaGetLastError(), "linear_mma_group launch");
   g.count = 0;
 }
@@ -714,6 +818,11 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
                                                                     count, per_row, x, t.y, t.second_y, split);
       return check(cudaGetLastError(), "linear_pairs_mma launch");
     }
+  } else if (const int64_t x_bytes = split_x_bytes<F>(like.in, kGrouped ? std::min<int64_t>(pairs, kTile) : 1);
+             x_bytes > 0) {  // a group's pairs (at most 8, one ungrouped), each with its row of x
+    mma_pairs<F, R, C, kGrouped, false, true><<<grid, kThreads, x_bytes, stream>>>(
+        t.first, t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
+    return check(cudaGetLastError(), "linear_pairs_mma launch");
   }
   mma_pairs<F, R, C, kGrouped><<<grid, kThreads, 0, stream>>>(t.first, t.second, like, experts, order, groups, count,
                                                               per_row, x, t.y, t.second_y, split);
