@@ -77,7 +77,7 @@ void linear_pairs_mma_two(const DeviceWeight* table, const DeviceWeight* second_
                           const DeviceWeight& like, const int32_t* experts, int64_t pairs, int per_row, const float* x,
                           float* y, float* second_y, int32_t* scratch, void* stream = nullptr);
 
-// How many warps of a block (1 to 8) share a row tile's k, in contiguous shares of
+// How many warps of a block (1, 2, 4 or 8) share a row tile's k, in contiguous shares of
 // 128-k units: a function of the weight's shape only, never of the token count, so
 // that a token's sums are the same in every call. It doubles while a one-token product
 // has fewer than 2048 warps of 32 rows (16 per SM of a 132-SM GPU: two blocks, what the

@@ -9,9 +9,9 @@ namespace keel::cuda {
 
 // `total` is a warp's R x C tiles of 16 rows by 8 columns in the m16n8 accumulator
 // layout (lane 4g + t holds rows g, g + 8 and columns 2t, 2t + 1 of each tile). Warp
-// `share` of each group of `split` consecutive warps adds up every split-th value over
-// the group, through `shares` (the block's scratch), and passes it to store(row, column,
-// value), row and column within the warp's tiles.
+// `share` of each group of `split` (a power of two) consecutive warps adds up every
+// split-th value over the group, through `shares` (the block's scratch), and passes it
+// to store(row, column, value), row and column within the warp's tiles.
 template <int R, int C, int Warps, typename Store>
 __device__ __forceinline__ void add_shares(const float (&total)[R][C][4], float (&shares)[Warps][R * C * 4][32],
                                            int warp, int lane, int share, int split, Store&& store) {
@@ -24,7 +24,7 @@ __device__ __forceinline__ void add_shares(const float (&total)[R][C][4], float 
 #pragma unroll
   for (int e = 0; e < R * C * 4; ++e) {
     const int i = e / (C * 4), c = e / 4 % C, r = e % 4;
-    if (e % split != share) continue;
+    if ((e & (split - 1)) != share) continue;  // split is a power of two
     float v = total[i][c][r];
     if (split > 1) {
       v = shares[warp - share][e][lane];
