@@ -23,6 +23,8 @@ import collections
 import csv
 import sys
 
+from step_kernels import short_name
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
@@ -65,7 +67,7 @@ def summarize(index, launch):
     header = launch["header"]
     col = {name: i for i, name in enumerate(header)}
     if SAMPLES not in col or EXECUTED not in col:
-        print(f"[{index}] {launch['name'][:100]}: no sampling columns (was --set full used?)")
+        print(f"[{index}] {short_name(launch['name'])}: no sampling columns (was --set full used?)")
         return
     reasons = stall_columns(header)
     by_reason = collections.Counter()
@@ -80,7 +82,7 @@ def summarize(index, launch):
             by_count[runs][1] += samples
         for reason, i in reasons.items():
             by_reason[reason] += number(row[i])
-    print(f"[{index}] {launch['name'][:110]}")
+    print(f"[{index}] {short_name(launch['name'])}")
     print(f"    {total} samples, {executed:,} warp instructions executed")
     shares = ", ".join(f"{reason} {count * 100 / max(total, 1):.0f}%" for reason, count in by_reason.most_common(8))
     print(f"    stalls: {shares}")
@@ -95,7 +97,7 @@ def hottest(launch, top):
     reasons = stall_columns(header)
     rows = sorted(launch["rows"], key=lambda row: -number(row[col[SAMPLES]]))
     total = sum(number(row[col[SAMPLES]]) for row in launch["rows"])
-    print(f"    hottest instructions (share of samples, runs, main stalls, SASS):")
+    print("    hottest instructions (share of samples, runs, main stalls, SASS):")
     for row in rows[:top]:
         samples = number(row[col[SAMPLES]])
         if samples == 0:
