@@ -1,14 +1,16 @@
-// The CUDA mHC kernels against ops/hyper.h: the per-token mix (RMS, fn projection,
-// sigmoids, Sinkhorn with hc_eps in every denominator), collapse and expand at hc 4 (the
-// lane-per-entry Sinkhorn) and hc 2, 3, 8 (the serial one), D from one partial slice of
-// the mix's dots to 56 slices, 1 to 33 tokens; hc_head likewise; outputs poisoned.
+// The CUDA mHC kernels against ops/hyper.h and ops/norm.h: a site's input (the per-token
+// mix: RMS, fn projection, sigmoids, Sinkhorn with hc_eps in every denominator; the
+// collapse; the sublayer's RMSNorm) and the expand at hc 4 (the lane-per-entry Sinkhorn)
+// and hc 2, 3, 8 (the serial one), D from one partial slice of the mix's dots to 71
+// slices, 1 to 33 tokens; hc_head likewise; outputs poisoned.
 //
 // Tolerances (both sides f32): the mix's logits are dot products over hc·D (up to 57344)
 // terms whose summation orders differ (the CPU's SIMD lanes against the GPU's 32 lanes
 // and shuffle tree), ~1e-6 of a logit of size ~1; the sigmoids and the 20 Sinkhorn
 // passes (each a normalization, which does not amplify it) carry that through, so pre,
-// post and comb are held to 2e-5 · (1 + |want|). Collapse and expand add hc products in
-// the CPU's order (FMA contraction aside): 1e-6 · (1 + |want|). A wrong stream, row or
+// post and comb are held to 2e-5 · (1 + |want|); x carries pre's error through the
+// collapse and norm (check_site_in_and_expand). The expand adds hc products in the CPU's
+// order (FMA contraction aside): 1e-6 · (1 + |want|). A wrong stream, row or
 // transposed comb is off by ~0.1 or more.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include "cuda/mhc.h"
 #include "gpu/device_memory.h"
 #include "ops/hyper.h"
+#include "ops/norm.h"
 #include "testing.h"
 
 namespace keel::cuda {
@@ -37,9 +40,9 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
-// One case of the mix, collapse and expand against the CPU: hc streams of width dim,
-// `tokens` tokens, `iters` Sinkhorn iterations.
-void check_mix_collapse_expand(int hc, int64_t dim, int64_t tokens, int iters) {
+// One case of the site input (mix, collapse, norm) and the expand against the CPU: hc
+// streams of width dim, `tokens` tokens, `iters` Sinkhorn iterations.
+void check_site_in_and_expand(int hc, int64_t dim, int64_t tokens, int iters) {
   const HyperParams p{.hc = hc, .dim = dim, .sinkhorn_iters = iters, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
   const int rows = (2 + hc) * hc;
   const int64_t width = hc * dim;
@@ -49,70 +52,87 @@ void check_mix_collapse_expand(int hc, int64_t dim, int64_t tokens, int iters) {
   // fn scaled so the logits are of size ~1, as in a trained model (not saturated).
   HyperSite site{random_normal(rows * width, seed + 1, 1.0f / std::sqrt(static_cast<float>(width))),
                  random_normal(rows, seed + 2, 0.5f), {0.7f, 1.3f, 2.0f}};
+  const std::vector<float> norm = random_normal(dim, seed + 5);
   std::vector<float> streams = random_normal(tokens * width, seed + 3, 2.0f);
   const std::vector<float> y = random_normal(tokens * dim, seed + 4);
 
-  std::vector<float> want_pre, want_post, want_comb, want_out(tokens * dim), want_streams = streams;
+  std::vector<float> want_pre, want_post, want_comb, want_x(tokens * dim), want_streams = streams;
+  std::vector<float> x_tolerance(tokens * dim);
   for (int64_t t = 0; t < tokens; ++t) {
     const std::span<const float> st(streams.data() + t * width, width);
     const HyperMix mix = keel::hyper_mix(p, site, st);
     want_pre.insert(want_pre.end(), mix.pre.begin(), mix.pre.end());
     want_post.insert(want_post.end(), mix.post.begin(), mix.post.end());
     want_comb.insert(want_comb.end(), mix.comb.begin(), mix.comb.end());
-    keel::hyper_collapse(p, mix.pre, st, std::span<float>(want_out).subspan(t * dim, dim));
+    const std::span<float> xt = std::span<float>(want_x).subspan(t * dim, dim);
+    keel::hyper_collapse(p, mix.pre, st, xt);
+    const float r = rms_factor(xt, p.norm_eps);
+    keel::rms_norm(xt, norm, p.norm_eps, xt);
+    // pre is held to 2e-5 · (1 + pre) ≤ 2e-5 · 2 below; through the collapse that is
+    // 2e-5 · 2 · Σ_j |s_j| per channel, times the norm's |w| · r (r's own error, a sum of
+    // squares in another order, is ~1e-6).
+    for (int64_t d = 0; d < dim; ++d) {
+      float magnitude = 0.0f;
+      for (int j = 0; j < hc; ++j) magnitude += std::fabs(st[j * dim + d]);
+      x_tolerance[t * dim + d] = 2e-5f * (1.0f + std::fabs(xt[d]) + 2.0f * std::fabs(norm[d]) * r * magnitude);
+    }
     keel::hyper_expand(p, mix, std::span<const float>(y).subspan(t * dim, dim),
                        std::span<float>(want_streams).subspan(t * width, width));
   }
 
-  float* dfn = device_copy(site.fn);
-  float* dbase = device_copy(site.base);
-  float* dscale = device_copy(site.scale);
-  float* dstreams = device_copy(streams);
-  float* dy = device_copy(y);
-  float* dpre = device_poisoned(tokens * hc);
-  float* dpost = device_poisoned(tokens * hc);
-  float* dcomb = device_poisoned(tokens * hc * hc);
-  float* dscratch = device_poisoned(hyper_mix_scratch(p, tokens));
-  float* dout = device_poisoned(tokens * dim);
-
-  hyper_mix(p, dfn, dbase, dscale, dstreams, tokens, dpre, dpost, dcomb, dscratch);
-  expect_close(host_copy(dpre, want_pre.size()), want_pre, 2e-5f, at + " pre");
-  expect_close(host_copy(dpost, want_post.size()), want_post, 2e-5f, at + " post");
-  const std::vector<float> comb = host_copy(dcomb, want_comb.size());
-  expect_close(comb, want_comb, 2e-5f, at + " comb");
-  // Doubly stochastic to within the iterations' convergence (not a comparison with the
-  // CPU: a check that the projection ran). The last pass is a column pass.
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int k = 0; k < hc; ++k) {
-      float column = 0.0f;
-      for (int j = 0; j < hc; ++j) column += comb[t * hc * hc + j * hc + k];
-      ASSERT_NEAR(column, 1.0f, 1e-3f) << at << " token " << t << " column " << k;
+  DeviceScope scope;
+  const SiteParams dsite{scope.copy(site.fn), scope.copy(site.base), scope.copy(site.scale), scope.copy(norm)};
+  float* dstreams = scope.copy(streams);
+  float* dy = scope.copy(y);
+  float* dscratch = scope.copy(std::vector<float>(hyper_in_scratch(p, tokens), std::nanf("")));
+  unsigned* darrivals = scope.copy(std::vector<unsigned>(tokens, 0u));
+  // Twice, outputs poisoned each time: the counters the first call leaves must serve the
+  // second.
+  for (int call = 0; call < 2; ++call) {
+    const SiteMix out{scope.copy(std::vector<float>(tokens * hc, std::nanf(""))),
+                      scope.copy(std::vector<float>(tokens * hc, std::nanf(""))),
+                      scope.copy(std::vector<float>(tokens * hc * hc, std::nanf(""))),
+                      scope.copy(std::vector<float>(tokens * dim, std::nanf("")))};
+    hyper_in(p, dsite, dstreams, tokens, out, dscratch, darrivals);
+    const std::string call_at = at + " call " + std::to_string(call);
+    expect_close(host_copy(out.pre, want_pre.size()), want_pre, 2e-5f, call_at + " pre");
+    expect_close(host_copy(out.post, want_post.size()), want_post, 2e-5f, call_at + " post");
+    const std::vector<float> comb = host_copy(out.comb, want_comb.size());
+    expect_close(comb, want_comb, 2e-5f, call_at + " comb");
+    // Doubly stochastic to within the iterations' convergence (not a comparison with the
+    // CPU: a check that the projection ran). The last pass is a column pass.
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int k = 0; k < hc; ++k) {
+        float column = 0.0f;
+        for (int j = 0; j < hc; ++j) column += comb[t * hc * hc + j * hc + k];
+        ASSERT_NEAR(column, 1.0f, 1e-3f) << call_at << " token " << t << " column " << k;
+      }
     }
+    const std::vector<float> x = host_copy(out.x, want_x.size());
+    for (size_t i = 0; i < want_x.size(); ++i) {
+      ASSERT_NEAR(x[i], want_x[i], x_tolerance[i]) << call_at << " x at " << i;
+    }
+    if (::testing::Test::HasFatalFailure()) return;
   }
+  EXPECT_EQ(host_copy(darrivals, tokens), std::vector<unsigned>(tokens, 0u)) << at << ": counters left zero";
 
-  // Collapse and expand from the CPU's own weights, so each is checked on its own.
-  float* dwant_pre = device_copy(want_pre);
-  float* dwant_post = device_copy(want_post);
-  float* dwant_comb = device_copy(want_comb);
-  hyper_collapse(p, dwant_pre, dstreams, tokens, dout);
-  expect_close(host_copy(dout, want_out.size()), want_out, 1e-6f, at + " collapse");
-  hyper_expand(p, dwant_post, dwant_comb, dy, dstreams, tokens);
+  // The expand from the CPU's own weights, so it is checked on its own.
+  hyper_expand(p, scope.copy(want_post), scope.copy(want_comb), dy, dstreams, tokens);
   expect_close(host_copy(dstreams, want_streams.size()), want_streams, 1e-6f, at + " expand");
-
-  for (float* q : {dfn, dbase, dscale, dstreams, dy, dpre, dpost, dcomb, dscratch, dout, dwant_pre, dwant_post,
-                   dwant_comb})
-    cudaFree(q);
 }
 
 // hc 4 (every DeepSeek-V4) takes the lane-per-entry Sinkhorn, hc 2 (the flashlike test
 // model), 3 and 8 (kMaxHyperStreams) the serial one. D 64 is one partial slice of the
-// mix's dots, 1000 a few (hc · 1000 ends mid-slice), 4096 and 7168 (Flash and Pro)
-// 8 to 56, across the 16-slice batches the sums load in; 33 tokens is more than a warp.
-TEST(CudaMhc, MixCollapseExpandMatchCpuReference) {
+// mix's dots, 1000 a few (hc · 1000 ends mid-slice), 4096 and 7168 (Flash and Pro) 8 to
+// 56, across the 16-slice batches the sums load in; 9000 holds more chunks of x per
+// collapsing thread than its registers keep (float4 rows), 77 and 2051 are rows of
+// single floats, 2051 past the registers too; 33 tokens is more than a warp.
+TEST(CudaMhc, SiteInAndExpandMatchCpuReference) {
   for (const int hc : {4, 2, 3, 8}) {
-    for (const int64_t dim : {int64_t{64}, int64_t{1000}, int64_t{4096}, int64_t{7168}}) {
+    for (const int64_t dim : {int64_t{64}, int64_t{77}, int64_t{1000}, int64_t{2051}, int64_t{4096}, int64_t{7168},
+                              int64_t{9000}}) {
       for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{33}}) {
-        check_mix_collapse_expand(hc, dim, tokens, 20);
+        check_site_in_and_expand(hc, dim, tokens, 20);
         if (HasFatalFailure()) return;
       }
     }
@@ -123,7 +143,7 @@ TEST(CudaMhc, MixCollapseExpandMatchCpuReference) {
 TEST(CudaMhc, MixWithFewSinkhornIterations) {
   for (const int hc : {4, 3}) {
     for (const int iters : {1, 2}) {
-      check_mix_collapse_expand(hc, 64, 3, iters);
+      check_site_in_and_expand(hc, 64, 3, iters);
       if (HasFatalFailure()) return;
     }
   }
@@ -170,7 +190,7 @@ TEST(CudaMhc, HeadMatchesCpuReference) {
 
 TEST(CudaMhc, RefusesTooManyStreams) {
   const HyperParams p{.hc = kMaxHyperStreams + 1, .dim = 8, .sinkhorn_iters = 1, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
-  EXPECT_THROW(hyper_collapse(p, nullptr, nullptr, 1, nullptr), std::runtime_error);
+  EXPECT_THROW(hyper_in(p, {}, nullptr, 1, {}, nullptr, nullptr), std::runtime_error);
   EXPECT_THROW(hyper_head(p, nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr), std::runtime_error);
 }
 

@@ -38,7 +38,7 @@ struct GpuModel::Kernels {
   decltype(&cuda::attend_decode) attend_verify = nullptr;  // planned where the model has an MTP layer
   decltype(&cuda::pool_slots) pool = nullptr;
   decltype(&cuda::indexer_select) index = nullptr;
-  decltype(&cuda::hyper_mix) mix = nullptr;
+  decltype(&cuda::hyper_in) mix = nullptr;  // an mHC site's mix, collapse and input norm
   decltype(&cuda::rms_norm) norm = nullptr;
   decltype(&cuda::route) routing = nullptr;
   decltype(&cuda::summarize_rows) sample = nullptr;  // null: the host summarizes (the plan's "host" sampler)
@@ -268,6 +268,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<int64_t> positions, entry_positions;
   DeviceBuffer<float> streams, x, y, pre, post, comb, mix_scratch;
+  DeviceBuffer<unsigned> mix_arrivals;  // hyper_in's counters: zero between its launches
   DeviceBuffer<float> qr, q, o, attention_scratch, group_in, group_out, u, index_q, index_w, index_scores;
   DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, rows_kv, rows_gate, slot_values, slot_gates;
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
@@ -892,17 +893,18 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
 const float* hyper_in(const Step& s, const HyperParams& hp, const DeviceSite& site, const DeviceBuffer<float>& norm) {
   GpuModel::Workspace& ws = s.ws;
   const int64_t S = s.count, D = s.c.hidden_size;
-  float* pre = grow(ws.pre, S * hp.hc);
-  float* post = grow(ws.post, S * hp.hc);
-  float* comb = grow(ws.comb, S * hp.hc * hp.hc);
-  float* scratch = grow(ws.mix_scratch, std::max<int64_t>(1, hyper_mix_scratch(hp, S)));
+  const SiteMix out{grow(ws.pre, S * hp.hc), grow(ws.post, S * hp.hc), grow(ws.comb, S * hp.hc * hp.hc),
+                    grow(ws.x, S * D)};
+  float* scratch = grow(ws.mix_scratch, std::max<int64_t>(1, hyper_in_scratch(hp, S)));
+  if (const size_t had = ws.mix_arrivals.size(); had < static_cast<size_t>(S)) {  // new counters start at zero
+    ws.mix_arrivals.resize(S);
+    check_api(cudaMemsetAsync(ws.mix_arrivals.data() + had, 0, (S - had) * sizeof(unsigned), s.stream),
+              "cudaMemsetAsync");
+  }
   s.mark("mhc: mix, collapse, norm");
-  s.k.mix(hp, site.fn.data(), site.base.data(), site.scale.data(), ws.streams.data(), S, pre, post, comb, scratch,
-          s.stream);
-  float* x = grow(ws.x, S * D);
-  hyper_collapse(hp, pre, ws.streams.data(), S, x, s.stream);
-  s.k.norm(x, norm.data(), s.eps(), x, S, D, s.stream);
-  return x;
+  s.k.mix(hp, {site.fn.data(), site.base.data(), site.scale.data(), norm.data()}, ws.streams.data(), S, out, scratch,
+          ws.mix_arrivals.data(), s.stream);
+  return out.x;
 }
 
 // The site's expand of the sublayer's output y back into the streams.

@@ -2,10 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/row_chunks.cuh"
 
 namespace keel::cuda {
 namespace {
@@ -19,13 +22,19 @@ constexpr int64_t kMixSlice = 1024;
 __host__ __device__ int64_t mix_slices(int64_t width) { return (width + kMixSlice - 1) / kMixSlice; }
 
 // The dot product the mix is built from: row m < rows of fn with one token's flattened
-// streams v, or (m == rows) v with itself, the RMS's sum of squares. One warp; every
-// lane gets the sum.
+// streams v, or (m == rows) v with itself, the RMS's sum of squares, over [begin, end)
+// (multiples of Width) in chunks of Width. One warp; every lane gets the sum.
+template <int Width>
 __device__ float mix_dot(const float* __restrict__ fn, const float* __restrict__ v, int m, int rows, int64_t width,
                          int lane, int64_t begin, int64_t end) {
   const float* w = m < rows ? fn + int64_t{m} * width : v;
   float sum = 0.0f;
-  for (int64_t i = begin + lane; i < end; i += kWarp) sum += v[i] * w[i];
+#pragma unroll 8
+  for (int64_t i = begin / Width + lane; i < end / Width; i += kWarp) {
+    const Chunk<Width> a = load<Width>(v, i), b = load<Width>(w, i);
+#pragma unroll
+    for (int k = 0; k < Width; ++k) sum += a.v[k] * b.v[k];
+  }
   for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   return sum;
 }
@@ -35,23 +44,32 @@ __device__ float rms_factor(float squares, int64_t width, float norm_eps) {
   return 1.0f / sqrtf(squares / static_cast<float>(width) + norm_eps);
 }
 
-// Step 1, block (row group, slice, token), one warp per row of fn and slice c of the
-// width: dots[t, m, c] = streams[t] · fn[m] over the slice for m < rows, and
-// dots[t, rows, c] = streams[t] · streams[t] over it.
-__global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
-                         float* __restrict__ dots) {
-  const int m = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+// dots[t, m, c] = streams[t] · fn[m] over slice c of the width for m < rows, and
+// dots[t, rows, c] = streams[t] · streams[t] over it: warp `warp` of block (row group,
+// slice, token) takes row blockIdx.x · warps + warp; rows past `rows` do nothing.
+template <int Width>
+__device__ void slice_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows,
+                           int64_t width, int warps, float* __restrict__ dots) {
+  const int m = blockIdx.x * warps + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (m > rows) return;
   const int64_t c = blockIdx.y, slices = gridDim.y, t = blockIdx.z;
   const int64_t begin = c * kMixSlice, end = min(width, begin + kMixSlice);
-  const float sum = mix_dot(fn, streams + t * width, m, rows, width, lane, begin, end);
+  const float sum = mix_dot<Width>(fn, streams + t * width, m, rows, width, lane, begin, end);
   if (lane == 0) dots[(t * (rows + 1) + m) * slices + c] = sum;
+}
+
+// hc_head's dot products, kWarpsPerBlock rows per block.
+template <int Width>
+__global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
+                         float* __restrict__ dots) {
+  slice_dots<Width>(fn, streams, rows, width, kWarpsPerBlock, dots);
 }
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// The slices' partial sums of rows 0..rows (mix_dots' output for token t) into d, one
-// row per thread of the calling group, each in slice order. A row's loads are issued
+// The slices' partial sums of rows 0..rows (slice_dots' output for token t) into d, one
+// row per thread of the block, each in slice order. The loads go to L2 (other blocks
+// of the launch may have written them). A row's loads are issued
 // kSliceBatch at a time: one after another they would cost an L2 round trip each. The
 // batch past the last slice is padded with +0, which leaves the sum (never −0) as it is.
 constexpr int kSliceBatch = 16;
@@ -63,7 +81,7 @@ __device__ void sum_slices(const float* __restrict__ dots, int64_t t, int rows, 
     for (int64_t c = 0; c < slices; c += kSliceBatch) {
       float v[kSliceBatch];
 #pragma unroll
-      for (int k = 0; k < kSliceBatch; ++k) v[k] = c + k < slices ? part[c + k] : 0.0f;
+      for (int k = 0; k < kSliceBatch; ++k) v[k] = c + k < slices ? __ldcg(part + c + k) : 0.0f;
 #pragma unroll
       for (int k = 0; k < kSliceBatch; ++k) sum += v[k];
     }
@@ -135,53 +153,128 @@ __device__ float sinkhorn_entry(float c, int e, int iters, float eps) {
   return c;
 }
 
-// Step 2, one warp per token: the lanes add up the slices, then form the CPU's
-// hyper_mix after the projection, in its order: pre and post one lane per stream, the
-// Sinkhorn of comb with HC > 0 one lane per entry (HC² ≤ 32) and with HC == 0 (any hc,
-// passed at run time) on lane 0.
+// comb for one token from its summed dots d (d[rows] the sum of squares, r its RMS
+// factor) by one warp, lane = its lane: the CPU's logits, then the Sinkhorn of comb with
+// HC > 0 one lane per entry (HC² ≤ 32) and with HC == 0 (any hc, passed at run time) on
+// lane 0.
 template <int HC>
-__global__ void mix_finish(const float* __restrict__ dots, const float* __restrict__ base,
-                           const float* __restrict__ scale, int hc_arg, int64_t width, int iters, float hc_eps,
-                           float norm_eps, float* __restrict__ pre, float* __restrict__ post,
-                           float* __restrict__ comb) {
-  const int hc = HC > 0 ? HC : hc_arg;
-  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
-  const int64_t t = blockIdx.x;
-  const int rows = (2 + hc) * hc, lane = threadIdx.x;
-  sum_slices(dots, t, rows, width, d);
-  const float r = rms_factor(d[rows], width, norm_eps);
-  if (const int j = lane; j < hc) {
-    pre[t * hc + j] = sigmoid(d[j] * r * scale[0] + base[j]) + hc_eps;
-    post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
-  }
+__device__ void comb_of(const float* d, float r, const float* __restrict__ base, const float* __restrict__ scale,
+                        int hc, int iters, float hc_eps, int lane, float* __restrict__ comb) {
   const auto logit = [&](int e) { return d[2 * hc + e] * r * scale[2] + base[2 * hc + e]; };
   if constexpr (HC > 0) {
     // Lanes past the first HC² work on a copy of the same matrix, unstored.
-    const int e = static_cast<int>(threadIdx.x % (HC * HC));
+    const int e = lane % (HC * HC);
     const float c = sinkhorn_entry<HC>(logit(e), e, iters, hc_eps);
-    if (lane < HC * HC) comb[t * HC * HC + lane] = c;
+    if (lane < HC * HC) comb[lane] = c;
   } else if (lane == 0) {
     float c[kMaxHyperStreams * kMaxHyperStreams];
     for (int e = 0; e < hc * hc; ++e) c[e] = logit(e);
     sinkhorn_serial(c, hc, iters, hc_eps);
-    for (int e = 0; e < hc * hc; ++e) comb[t * hc * hc + e] = c[e];
+    for (int e = 0; e < hc * hc; ++e) comb[e] = c[e];
   }
 }
 
-// Σ_j pre[j] · s[j · dim], in the CPU's order.
-__device__ float collapse_one(const float* pre, const float* __restrict__ s, int hc, int64_t dim) {
-  float sum = 0.0f;
-  for (int j = 0; j < hc; ++j) sum += pre[j] * s[j * dim];
-  return sum;
+// Σ_j pre[j] · s[j · dim] for chunk i of a token's D channels, in the CPU's order.
+template <int Width>
+__device__ __forceinline__ Chunk<Width> collapsed(const float* pre, const float* __restrict__ s, int hc, int64_t dim,
+                                                  int64_t i) {
+  Chunk<Width> x{};
+  for (int j = 0; j < hc; ++j) {
+    const Chunk<Width> v = load<Width>(s + j * dim, i);
+#pragma unroll
+    for (int k = 0; k < Width; ++k) x.v[k] += pre[j] * v.v[k];
+  }
+  return x;
 }
 
-// One thread per (token, channel).
-__global__ void collapse(const float* __restrict__ pre, const float* __restrict__ streams, int hc, int64_t dim,
-                         int64_t tokens, float* __restrict__ out) {
-  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (n >= tokens * dim) return;
-  const int64_t t = n / dim, d = n % dim;
-  out[n] = collapse_one(pre + t * hc, streams + t * hc * dim + d, hc, dim);
+// hyper_in's block: kSiteWarps warps, one fn row each for the dots; at the finish the
+// first kCollapseWarps collapse and normalize while the last runs the Sinkhorn.
+constexpr int kSiteWarps = 9;
+constexpr int kCollapseWarps = kSiteWarps - 1;
+constexpr int kCollapseThreads = kCollapseWarps * kWarp;
+// The chunks of x a collapsing thread holds between its sum of squares and its output:
+// D up to kHeldChunks · Width · 256 (8192 at float4) is read once.
+constexpr int kHeldChunks = 8;
+
+// x = RMSNorm(Σ_j pre[j] · streams[j]; norm) for one token, by the first kCollapseWarps
+// warps of the block (thread k takes chunks k, k + kCollapseThreads, ...), as
+// ops/norm.cpp: w ⊙ (x · 1 / sqrt(Σx² / D + eps)).
+template <int Width>
+__device__ void collapse_norm(const float* pre, const float* __restrict__ streams, int hc, int64_t dim,
+                              const float* __restrict__ norm, float eps, float* __restrict__ x, float* partial) {
+  const int64_t chunks = dim / Width;
+  Chunk<Width> held[kHeldChunks];
+  float squares = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kHeldChunks; ++h) {
+    if (const int64_t i = threadIdx.x + h * kCollapseThreads; i < chunks) {
+      held[h] = collapsed<Width>(pre, streams, hc, dim, i);
+      squares = add_squares(squares, held[h]);
+    }
+  }
+  for (int64_t i = threadIdx.x + kHeldChunks * kCollapseThreads; i < chunks; i += kCollapseThreads) {
+    squares = add_squares(squares, collapsed<Width>(pre, streams, hc, dim, i));
+  }
+  const float r = 1.0f / sqrtf(warps_sum(squares, partial, kCollapseWarps) / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int h = 0; h < kHeldChunks; ++h) {
+    if (const int64_t i = threadIdx.x + h * kCollapseThreads; i < chunks) {
+      store(x, i, scaled<true>(held[h], load<Width>(norm, i), r));
+    }
+  }
+  for (int64_t i = threadIdx.x + kHeldChunks * kCollapseThreads; i < chunks; i += kCollapseThreads) {
+    store(x, i, scaled<true>(collapsed<Width>(pre, streams, hc, dim, i), load<Width>(norm, i), r));
+  }
+}
+
+// What hyper_in's kernel reads and writes (device pointers and sizes).
+struct SiteLaunch {
+  SiteParams site;
+  SiteMix out;
+  const float* streams;
+  float* dots;
+  unsigned* arrivals;
+  int hc, iters;
+  int64_t dim;
+  float hc_eps, norm_eps;
+};
+
+// Block (row group, slice, token) computes its rows' dots over its slice (slice_dots);
+// the token's last block to finish (counted in arrivals[t], which it resets) adds up
+// the slices and forms pre and post, then its last warp the Sinkhorn of comb while the
+// others collapse the streams and normalize the sum.
+template <int HC, int Width>
+__global__ void __launch_bounds__(kSiteWarps* kWarp) site_in(const SiteLaunch a) {
+  const int hc = HC > 0 ? HC : a.hc;
+  const int rows = (2 + hc) * hc;
+  const int64_t t = blockIdx.z, width = hc * a.dim;
+  slice_dots<Width>(a.site.fn, a.streams, rows, width, kSiteWarps, a.dots);
+  __shared__ bool last;
+  __threadfence();  // this block's dots before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.arrivals[t], 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+
+  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
+  __shared__ float pre[kMaxHyperStreams];
+  __shared__ float partial[kCollapseWarps];
+  if (threadIdx.x == 0) a.arrivals[t] = 0;  // ready for the next launch
+  sum_slices(a.dots, t, rows, width, d);
+  const float r = rms_factor(d[rows], width, a.norm_eps);
+  if (const int j = threadIdx.x; j < hc) {
+    pre[j] = sigmoid(d[j] * r * a.site.scale[0] + a.site.base[j]) + a.hc_eps;
+    a.out.pre[t * hc + j] = pre[j];
+    a.out.post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * a.site.scale[1] + a.site.base[hc + j]);
+  }
+  __syncthreads();
+  if (threadIdx.x / kWarp == kCollapseWarps) {
+    comb_of<HC>(d, r, a.site.base, a.site.scale, hc, a.iters, a.hc_eps, threadIdx.x % kWarp,
+                a.out.comb + t * hc * hc);
+  } else {
+    collapse_norm<Width>(pre, a.streams + t * width, hc, a.dim, a.site.norm, a.norm_eps, a.out.x + t * a.dim,
+                         partial);
+  }
 }
 
 // hc_head after mix_dots (rows = hc): block (chunk, token) adds up the slices, forms
@@ -202,7 +295,7 @@ __global__ void head(const float* __restrict__ dots, const float* __restrict__ b
   }
   __syncthreads();
   const int64_t c = int64_t{blockIdx.x} * kHeadThreads + threadIdx.x;
-  if (c < dim) out[t * dim + c] = collapse_one(pre, streams + t * width + c, hc, dim);
+  if (c < dim) out[t * dim + c] = collapsed<1>(pre, streams + t * width, hc, dim, c).v[0];
 }
 
 // One thread per (token, channel): reads the hc old values first, so in place is safe.
@@ -236,38 +329,37 @@ unsigned blocks_of(int64_t n, int threads, const char* what) {
   return static_cast<unsigned>(blocks);
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Chunks of 4 floats when every row the kernels read or write starts 16-byte aligned.
+bool float4_rows(int64_t dim, std::initializer_list<const void*> pointers) {
+  if (dim % 4 != 0) return false;
+  for (const void* p : pointers) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
-int64_t hyper_mix_scratch(const HyperParams& p, int64_t tokens) {
+int64_t hyper_in_scratch(const HyperParams& p, int64_t tokens) {
   return tokens * ((2 + p.hc) * p.hc + 1) * mix_slices(p.hc * p.dim);
 }
 
-void hyper_mix(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
-               int64_t tokens, float* pre, float* post, float* comb, float* scratch, void* stream_ptr) {
-  check_params(p, "cuda::hyper_mix");
+void hyper_in(const HyperParams& p, const SiteParams& site, const float* streams, int64_t tokens, const SiteMix& out,
+              float* scratch, unsigned* arrivals, void* stream) {
+  check_params(p, "cuda::hyper_in");
   if (tokens <= 0) return;
-  if (tokens > 65535) throw std::runtime_error("cuda::hyper_mix: more than 65535 tokens per call");
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  if (tokens > 65535) throw std::runtime_error("cuda::hyper_in: more than 65535 tokens per call");
   const int rows = (2 + p.hc) * p.hc;
-  const dim3 grid((rows + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
+  const dim3 grid((rows + 1 + kSiteWarps - 1) / kSiteWarps, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
                   static_cast<unsigned>(tokens));
-  mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, rows, p.hc * p.dim, scratch);
-  check(cudaGetLastError(), "hyper_mix launch");
+  const SiteLaunch a{site, out, streams, scratch, arrivals, p.hc, p.sinkhorn_iters, p.dim, p.hc_eps, p.norm_eps};
   // hc 4 is every DeepSeek-V4; other hc (small test models) take the serial Sinkhorn.
-  const auto finish = p.hc == 4 ? mix_finish<4> : mix_finish<0>;
-  finish<<<static_cast<unsigned>(tokens), kWarp, 0, stream>>>(scratch, base, scale, p.hc, p.hc * p.dim,
-                                                             p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre, post, comb);
-  check(cudaGetLastError(), "hyper_mix launch");
-}
-
-void hyper_collapse(const HyperParams& p, const float* pre, const float* streams, int64_t tokens, float* out,
-                    void* stream) {
-  check_params(p, "cuda::hyper_collapse");
-  if (tokens <= 0) return;
-  constexpr int kThreads = 256;
-  collapse<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_collapse"), kThreads, 0,
-             static_cast<cudaStream_t>(stream)>>>(pre, streams, p.hc, p.dim, tokens, out);
-  check(cudaGetLastError(), "hyper_collapse launch");
+  const bool wide = float4_rows(p.dim, {site.fn, site.norm, streams, out.x});
+  const auto kernel = p.hc == 4 ? (wide ? site_in<4, 4> : site_in<4, 1>) : (wide ? site_in<0, 4> : site_in<0, 1>);
+  kernel<<<grid, kSiteWarps * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  check(cudaGetLastError(), "hyper_in launch");
 }
 
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,
@@ -292,7 +384,8 @@ void hyper_head(const HyperParams& p, const float* fn, const float* base, const 
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const dim3 grid((p.hc + 1 + kWarpsPerBlock - 1) / kWarpsPerBlock, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
                   static_cast<unsigned>(tokens));
-  mix_dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, p.hc, p.hc * p.dim, scratch);
+  const auto dots = float4_rows(p.dim, {fn, streams}) ? mix_dots<4> : mix_dots<1>;
+  dots<<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(fn, streams, p.hc, p.hc * p.dim, scratch);
   check(cudaGetLastError(), "hyper_head launch");
   const dim3 chunks(blocks_of(p.dim, kHeadThreads, "cuda::hyper_head"), static_cast<unsigned>(tokens));
   head<<<chunks, kHeadThreads, 0, stream>>>(scratch, base, scale, streams, p.hc, p.dim, p.hc_eps, p.norm_eps, out);
@@ -305,8 +398,9 @@ void register_mhc(Registry& registry) {
                .archs = ArchSet::gpus_from(Arch::sm_80),
                .activations = {Activation::f32},
                .priority = 1,
-               .summary = "per-token mix (warp per fn row slice, lane per entry Sinkhorn at hc 4), collapse, expand"};
-  registry.add(std::move(k.with_entry(&hyper_mix)));
+               .summary = "a site's mix, collapse and RMSNorm in one launch (warp per fn row slice, the token's last "
+                          "block finishes: lane per entry Sinkhorn at hc 4 beside the collapse), expand"};
+  registry.add(std::move(k.with_entry(&hyper_in)));
 }
 
 }  // namespace keel::cuda

@@ -12,19 +12,28 @@ namespace keel::cuda {
 
 constexpr int kMaxHyperStreams = 8;
 
-// Per-token mixing weights of one site, as ops/hyper.cpp's hyper_mix: the RMS over the
-// hc·D flattened streams, the fn projection, sigmoids, and the Sinkhorn projection of
-// comb with hc_eps in every denominator. fn [(2+hc)·hc, hc·D], base [(2+hc)·hc] and
-// scale [3] are in device memory; pre and post are [tokens, hc], comb [tokens, hc, hc]
-// (row j = from stream j). `scratch` holds hyper_mix_scratch(p, tokens) floats.
-// hc ≤ kMaxHyperStreams. Asynchronous on `stream`.
-void hyper_mix(const HyperParams& p, const float* fn, const float* base, const float* scale, const float* streams,
-               int64_t tokens, float* pre, float* post, float* comb, float* scratch, void* stream = nullptr);
-int64_t hyper_mix_scratch(const HyperParams& p, int64_t tokens);
+// One site's parameters in device memory: fn [(2+hc)·hc, hc·D], base [(2+hc)·hc] and
+// scale [3] of the mix, and `norm` [D], the weight of its sublayer's input RMSNorm.
+struct SiteParams {
+  const float *fn, *base, *scale, *norm;
+};
 
-// out[t] = Σ_j pre[t, j] · streams[t, j]; out is [tokens, D].
-void hyper_collapse(const HyperParams& p, const float* pre, const float* streams, int64_t tokens, float* out,
-                    void* stream = nullptr);
+// What hyper_in writes, in device memory: pre and post [tokens, hc], comb [tokens, hc,
+// hc] (row j = from stream j), x [tokens, D].
+struct SiteMix {
+  float *pre, *post, *comb, *x;
+};
+
+// An mHC site's input to its sublayer, in one launch (the CPU's hyper_mix, hyper_collapse
+// and the sublayer's RMSNorm): per token the mixing weights (the RMS over the hc·D
+// flattened streams, the fn projection, sigmoids, and the Sinkhorn projection of comb
+// with hc_eps in every denominator), then x = RMSNorm(Σ_j pre[j] · streams[j]; norm)
+// with p.norm_eps. `scratch` holds hyper_in_scratch(p, tokens) floats; `arrivals` holds
+// `tokens` counters, zero before the first call, which each call leaves zero again (the
+// kernel counts its blocks in them). hc ≤ kMaxHyperStreams. Asynchronous on `stream`.
+void hyper_in(const HyperParams& p, const SiteParams& site, const float* streams, int64_t tokens, const SiteMix& out,
+              float* scratch, unsigned* arrivals, void* stream = nullptr);
+int64_t hyper_in_scratch(const HyperParams& p, int64_t tokens);
 
 // streams[t, k] ← post[t, k] · y[t] + Σ_j comb[t, j, k] · streams[t, j], in place; y is
 // [tokens, D].

@@ -8,70 +8,13 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/row_chunks.cuh"
 
 namespace keel::cuda {
 namespace {
 
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
-
-// Sum of `v` over the block (blockDim.x a multiple of 32, at most kMaxThreads); every
-// thread gets the total. `shared` holds kMaxWarps floats.
-__device__ float block_sum(float v, float* shared) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += shared[w];  // the same order in every thread
-  return total;
-}
-
-// Width consecutive floats of a row: float4 loads when Width is 4 (the caller checks
-// 16-byte alignment), single floats when 1.
-template <int Width>
-struct Chunk {
-  float v[Width];
-};
-
-template <int Width>
-__device__ Chunk<Width> load(const float* p, int64_t i) {
-  if constexpr (Width == 4) {
-    const float4 q = reinterpret_cast<const float4*>(p)[i];
-    return {{q.x, q.y, q.z, q.w}};
-  } else {
-    return {{p[i]}};
-  }
-}
-
-template <int Width>
-__device__ void store(float* p, int64_t i, const Chunk<Width>& c) {
-  if constexpr (Width == 4) {
-    reinterpret_cast<float4*>(p)[i] = make_float4(c.v[0], c.v[1], c.v[2], c.v[3]);
-  } else {
-    p[i] = c.v[0];
-  }
-}
-
-template <int Width>
-__device__ float add_squares(float sum, const Chunk<Width>& c) {
-#pragma unroll
-  for (int k = 0; k < Width; ++k) sum += c.v[k] * c.v[k];
-  return sum;
-}
-
-template <bool Weighted, int Width>
-__device__ Chunk<Width> scaled(Chunk<Width> x, const Chunk<Width>& w, float r) {
-#pragma unroll
-  for (int k = 0; k < Width; ++k) {
-    if constexpr (Weighted) {
-      x.v[k] = w.v[k] * (x.v[k] * r);
-    } else {
-      x.v[k] *= r;
-    }
-  }
-  return x;
-}
 
 // A thread's first kHeld chunks of x and weight stay in registers between the sum of
 // squares and the output, so rows up to kHeld · blockDim.x chunks are read once and the
@@ -100,7 +43,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   for (int64_t i = threadIdx.x + kHeld * stride; i < chunks; i += stride) sum = add_squares(sum, load<Width>(xr, i));
-  const float r = 1.0f / sqrtf(block_sum(sum, shared) / static_cast<float>(dim) + eps);
+  const float r = 1.0f / sqrtf(warps_sum(sum, shared, static_cast<int>(blockDim.x) / kWarp) / static_cast<float>(dim) + eps);
   // Every read of x above precedes the barrier in block_sum, and each thread writes only
   // what it read, so out may alias x.
 #pragma unroll
