@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/mhc.h"
@@ -135,6 +136,51 @@ TEST(CudaMhc, SiteInAndExpandMatchCpuReference) {
         check_site_in_and_expand(hc, dim, tokens, 20);
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// The expand of the MoE's pairs against the CPU's weighted sum (in the documented
+// order: pair by pair, then the shared row) and its hyper_expand. Each y carries the
+// rounding of k products and adds (FMA contraction aside, up to an ULP of Σ|w · pair|
+// each), times post (< 2): held to 1e-6 · (1 + |want| + 2 · k · Σ_i |w_i · pair_i|).
+// k 6 (Flash) and 1; with and without the shared expert; D 4096 and 77.
+TEST(CudaMhc, ExpandPairsMatchesCombineThenExpand) {
+  for (const auto& [k, dim, with_shared] : {std::tuple{6, int64_t{4096}, true}, {6, int64_t{77}, false},
+                                            {1, int64_t{77}, true}}) {
+    const HyperParams p{.hc = 4, .dim = dim, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+    const int hc = p.hc;
+    const int64_t tokens = 3, width = hc * dim;
+    const std::vector<float> pairs = random_normal(tokens * k * dim, 61), weights = random_normal(tokens * k, 62, 0.3f);
+    const std::vector<float> shared = random_normal(tokens * dim, 63);
+    const std::vector<float> post = random_normal(tokens * hc, 64), comb = random_normal(tokens * hc * hc, 65, 0.5f);
+    const std::vector<float> streams = random_normal(tokens * width, 66, 2.0f);
+    std::vector<float> want = streams, tolerance(tokens * width);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const HyperMix mix{{}, {post.begin() + t * hc, post.begin() + (t + 1) * hc},
+                         {comb.begin() + t * hc * hc, comb.begin() + (t + 1) * hc * hc}};
+      std::vector<float> y(dim), magnitude(dim);
+      for (int64_t d = 0; d < dim; ++d) {
+        float sum = 0.0f;
+        for (int i = 0; i < k; ++i) {
+          sum += weights[t * k + i] * pairs[(t * k + i) * dim + d];
+          magnitude[d] += std::fabs(weights[t * k + i] * pairs[(t * k + i) * dim + d]);
+        }
+        y[d] = with_shared ? sum + shared[t * dim + d] : sum;
+      }
+      keel::hyper_expand(p, mix, y, std::span<float>(want).subspan(t * width, width));
+      for (int64_t i = 0; i < width; ++i) {
+        const int64_t at = t * width + i;
+        tolerance[at] = 1e-6f * (1.0f + std::fabs(want[at]) + 2.0f * k * magnitude[i % dim]);
+      }
+    }
+    DeviceScope scope;
+    float* dstreams = scope.copy(streams);
+    hyper_expand_pairs(p, scope.copy(post), scope.copy(comb), scope.copy(pairs), scope.copy(weights), k,
+                       with_shared ? scope.copy(shared) : nullptr, dstreams, tokens);
+    const std::vector<float> got = host_copy(dstreams, want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], tolerance[i]) << "k " << k << " D " << dim << " at " << i;
     }
   }
 }

@@ -1,5 +1,6 @@
 // The CUDA RoPE against ops/rope.h over [tokens, heads, head_dim] with per-token
-// positions (small and large), plain and YaRN frequencies, forward and inverse.
+// positions (small and large), plain and YaRN frequencies, forward and inverse; and the
+// norm + rope of an attention site's heads against ops/norm.h then ops/rope.h.
 //
 // The kernel works in place, as the CPU does, so instead of a poisoned output every
 // channel is compared: the leading (nope) channels must come back bit for bit, the
@@ -14,10 +15,12 @@
 
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cuda/rope.h"
 #include "gpu/device_memory.h"
+#include "ops/norm.h"
 #include "ops/rope.h"
 #include "testing.h"
 
@@ -108,6 +111,74 @@ TEST(CudaRope, InverseUndoesForward) {
   cudaFree(dx);
   cudaFree(dpos);
   release(r);
+}
+
+// norm_rope against ops/norm.h then ops/rope.h, weighted and unweighted: Flash's q heads
+// (64 of 512, 64 rotated, YaRN) and kv row, a tiny model's 32-wide heads (a block of
+// one warp, most of it past the row), a head whose rope starts mid-chunk (40 wide, 18
+// rotated), one that is all rope, and rows the one-launch kernel does not take (30
+// wide: single floats; 4100: past a block) through the fallback. In place, so every
+// channel is compared: within the norm's 1e-5 relative (its sum of squares in another
+// order, test_norm_cuda.cpp), the rotated ones within 1e-5 · (|a| + |b|) of the CPU,
+// (a, b) the pair after the CPU's norm (the rotation's own error is 4e-7 of that).
+TEST(CudaRope, NormRopeMatchesCpuNormThenRope) {
+  struct Case {
+    int64_t tokens;
+    int heads, head_dim, rope_dim;
+    bool weighted, yarn;
+  };
+  for (const Case s : {Case{3, 64, 512, 64, false, true}, Case{3, 1, 512, 64, true, true}, Case{5, 4, 32, 16, false, false},
+                       Case{2, 3, 40, 18, true, false}, Case{2, 3, 8, 8, true, false}, Case{2, 2, 30, 16, true, false},
+                       Case{2, 1, 4100, 64, false, false}}) {
+    RopeConfig c;
+    c.rope_dim = s.rope_dim;
+    if (s.yarn) {
+      c.theta = 10000.0;
+      c.yarn = true;
+      c.yarn_factor = 16.0;
+      c.yarn_original_max_position = 65536;
+    }
+    const Rope host(c);
+    DeviceRope r = upload(host);
+    std::vector<int64_t> positions(s.tokens);
+    for (int64_t t = 0; t < s.tokens; ++t) positions[t] = t == 0 ? 0 : t * 7 + (t % 2 ? 1000000 : 3);
+    const std::vector<float> x = random_normal(s.tokens * s.heads * s.head_dim, 51, 3.0f);
+    const std::vector<float> weight = random_normal(s.head_dim, 52);
+    const float eps = 1e-6f;
+    std::vector<float> normed = x;
+    for (int64_t row = 0; row < s.tokens * s.heads; ++row) {
+      const std::span<float> head = std::span<float>(normed).subspan(row * s.head_dim, s.head_dim);
+      if (s.weighted) {
+        keel::rms_norm(head, weight, eps, head);
+      } else {
+        keel::rms_norm_unweighted(head, eps);
+      }
+    }
+    std::vector<float> want = normed;
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      host.apply_heads(std::span<float>(want).subspan(t * s.heads * s.head_dim, s.heads * s.head_dim), s.head_dim,
+                       positions[t], false);
+    }
+    DeviceScope scope;
+    float* dx = scope.copy(x);
+    norm_rope(r, dx, s.tokens, s.heads, s.head_dim, s.weighted ? scope.copy(weight) : nullptr, eps,
+              scope.copy(positions));
+    const std::vector<float> got = host_copy(dx, x.size());
+    const std::string at = std::to_string(s.head_dim) + "/" + std::to_string(s.rope_dim) + " heads " +
+                           std::to_string(s.heads) + (s.weighted ? " weighted" : "");
+    const int start = s.head_dim - s.rope_dim;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int d = static_cast<int>(i % s.head_dim);
+      if (d < start) {
+        ASSERT_NEAR(got[i], want[i], 1e-5f * std::fabs(want[i])) << at << " nope channel " << i;
+        continue;
+      }
+      const size_t pair = i - (d - start) % 2;
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (std::fabs(normed[pair]) + std::fabs(normed[pair + 1])))
+          << at << " rotated channel " << i;
+    }
+    release(r);
+  }
 }
 
 TEST(CudaRope, RefusesOddOrOversizedRopeDim) {

@@ -633,12 +633,9 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
   std::vector<Step::Projection> of_qr{{&L.wq_b, &ws.q}};
   if (L.index_compressor) of_qr.push_back({&L.index_wq_b, &ws.index_q});
   s.project_all(of_qr, qr);
-  float* q = ws.q.data();
-  rms_norm_unweighted(q, s.eps(), S * H, hd, s.stream);
-  cuda::rope(s.rope, q, S, static_cast<int>(H), static_cast<int>(hd), positions, false, s.stream);
-  float* kv = ws.kv.data();
-  s.k.norm(kv, L.kv_norm.data(), s.eps(), kv, S, hd, s.stream);
-  cuda::rope(s.rope, kv, S, 1, static_cast<int>(hd), positions, false, s.stream);
+  // Each q head's unweighted norm and kv's norm, each with its rotation, in one launch.
+  norm_rope(s.rope, ws.q.data(), S, static_cast<int>(H), static_cast<int>(hd), nullptr, s.eps(), positions, s.stream);
+  norm_rope(s.rope, ws.kv.data(), S, 1, static_cast<int>(hd), L.kv_norm.data(), s.eps(), positions, s.stream);
   // o is written by the core and read by the output projections: sized here, with the
   // other buffers both sides use.
   grow(ws.o, S * H * hd);
@@ -815,10 +812,15 @@ void swiglu_limit(const Step& s, float* g, const float* up, int64_t n) {
   clamped_swiglu(g, up, n, static_cast<float>(s.c.swiglu_limit), s.stream);
 }
 
+// The MoE's output before its weighted sum: a row per (token, routed expert) pair, the
+// pairs' weights, and the shared expert's rows (null on ranks that do not run it).
+struct MoeOutput {
+  const float *pairs, *weights, *shared;
+};
+
 // Routing, then every (token, routed expert) pair through its expert with the expert
-// ids read on the device (no host round trip), the weighted sum per token, the shared
-// expert, and across ranks the all-reduce of the partial sums.
-void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
+// ids read on the device (no host round trip), and the shared expert.
+MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
   const ModelConfig& c = s.c;
   GpuModel::Workspace& ws = s.ws;
   const int64_t S = s.count, E = c.n_routed_experts, k = c.num_experts_per_tok, D = c.hidden_size;
@@ -869,7 +871,7 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
   } else {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
   }
-  s.mark("moe: shared expert's down, combine");
+  s.mark("moe: shared expert's down");
   const float* shared = nullptr;
   if (shared_here) {
     const int64_t I = L.shared.w1.w.out;
@@ -879,11 +881,7 @@ void moe(const Step& s, const GpuModel::Layer& L, const float* x, float* out) {
     s.linear(L.shared.w2, g, ys, S);
     shared = ys;
   }
-  combine_pairs(y, weights, S, static_cast<int>(k), D, shared, out, s.stream);
-  if (s.share.ranks() > 1) {
-    s.mark("moe: all-reduce");
-    s.share.all_reduce(out, S * D, s.stream);
-  }
+  return {y, weights, shared};
 }
 
 // --- One decoder layer (§3.1) -------------------------------------------------------------
@@ -914,6 +912,25 @@ void hyper_out(const Step& s, const HyperParams& hp, const float* y) {
   hyper_expand(hp, ws.post.data(), ws.comb.data(), y, ws.streams.data(), s.count, s.stream);
 }
 
+// The MoE site's expand: on one rank with the pairs' weighted sum formed inside it;
+// across ranks, each rank's partial sum all-reduced first.
+void moe_out(const Step& s, const HyperParams& hp, const MoeOutput& m) {
+  GpuModel::Workspace& ws = s.ws;
+  const int k = s.c.num_experts_per_tok;
+  if (s.share.ranks() == 1) {
+    s.mark("mhc: expand the moe's pairs");
+    hyper_expand_pairs(hp, ws.post.data(), ws.comb.data(), m.pairs, m.weights, k, m.shared, ws.streams.data(), s.count,
+                       s.stream);
+    return;
+  }
+  s.mark("moe: combine, all-reduce");
+  const int64_t rows = s.count * s.c.hidden_size;
+  float* y = grow(ws.y, rows);
+  combine_pairs(m.pairs, m.weights, s.count, k, s.c.hidden_size, m.shared, y, s.stream);
+  s.share.all_reduce(y, rows, s.stream);
+  hyper_out(s, hp, y);
+}
+
 // A layer before its attention core (the attention site's mix and the projections), and
 // after it (the output projections and expand, then the whole MoE site): what a decode
 // graph captures. Both depend on the call's row count and inputs only.
@@ -922,14 +939,10 @@ void layer_in(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
 }
 
 void layer_out(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
-  const int64_t rows = s.count * s.c.hidden_size;
-  float* y = grow(s.ws.y, rows);
+  float* y = grow(s.ws.y, s.count * s.c.hidden_size);
   attention_output(s, L, y);
   hyper_out(s, hp, y);
-  const float* x = hyper_in(s, hp, L.hc_ffn, L.ffn_norm);
-  y = grow(s.ws.y, rows);
-  moe(s, L, x, y);
-  hyper_out(s, hp, y);
+  moe_out(s, hp, moe(s, L, hyper_in(s, hp, L.hc_ffn, L.ffn_norm)));
 }
 
 // One decoder layer over the call's streams (ws.streams); `layer` indexes the sequences'

@@ -194,7 +194,7 @@ constexpr int kCollapseWarps = kSiteWarps - 1;
 constexpr int kCollapseThreads = kCollapseWarps * kWarp;
 // The chunks of x a collapsing thread holds between its sum of squares and its output:
 // D up to kHeldChunks · Width · 256 (8192 at float4) is read once.
-constexpr int kHeldChunks = 8;
+constexpr int kHeldChunks = 4;
 
 // x = RMSNorm(Σ_j pre[j] · streams[j]; norm) for one token, by the first kCollapseWarps
 // warps of the block (thread k takes chunks k, k + kCollapseThreads, ...), as
@@ -244,7 +244,7 @@ struct SiteLaunch {
 // the slices and forms pre and post, then its last warp the Sinkhorn of comb while the
 // others collapse the streams and normalize the sum.
 template <int HC, int Width>
-__global__ void __launch_bounds__(kSiteWarps* kWarp) site_in(const SiteLaunch a) {
+__global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch a) {
   const int hc = HC > 0 ? HC : a.hc;
   const int rows = (2 + hc) * hc;
   const int64_t t = blockIdx.z, width = hc * a.dim;
@@ -298,8 +298,27 @@ __global__ void head(const float* __restrict__ dots, const float* __restrict__ b
   if (c < dim) out[t * dim + c] = collapsed<1>(pre, streams + t * width, hc, dim, c).v[0];
 }
 
+// The sublayer output a site's expand adds: a row per token.
+struct RowOutput {
+  const float* y;
+  __device__ float operator()(int64_t t, int64_t d, int64_t dim) const { return y[t * dim + d]; }
+};
+
+// The MoE's output formed on the way, as cuda::combine_pairs rounds it: Σ_{i<k}
+// weights[t·k + i] · pairs[t·k + i] (+ shared[t]).
+struct PairsOutput {
+  const float *pairs, *weights, *shared;
+  int k;
+  __device__ float operator()(int64_t t, int64_t d, int64_t dim) const {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += weights[t * k + i] * pairs[(t * k + i) * dim + d];
+    return shared ? sum + shared[t * dim + d] : sum;
+  }
+};
+
 // One thread per (token, channel): reads the hc old values first, so in place is safe.
-__global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const float* __restrict__ y,
+template <typename Output>
+__global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const Output output,
                        float* streams, int hc, int64_t dim, int64_t tokens) {
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= tokens * dim) return;
@@ -308,10 +327,11 @@ __global__ void expand(const float* __restrict__ post, const float* __restrict__
   float old[kMaxHyperStreams];
   for (int j = 0; j < hc; ++j) old[j] = s[j * dim];
   const float* c = comb + t * hc * hc;
+  const float y = output(t, d, dim);
   for (int k = 0; k < hc; ++k) {
     float sum = 0.0f;
     for (int j = 0; j < hc; ++j) sum += c[j * hc + k] * old[j];
-    s[k * dim] = post[t * hc + k] * y[n] + sum;
+    s[k * dim] = post[t * hc + k] * y + sum;
   }
 }
 
@@ -340,6 +360,17 @@ bool float4_rows(int64_t dim, std::initializer_list<const void*> pointers) {
   return true;
 }
 
+template <typename Output>
+void launch_expand(const HyperParams& p, const float* post, const float* comb, const Output& output, float* streams,
+                   int64_t tokens, void* stream) {
+  check_params(p, "cuda::hyper_expand");
+  if (tokens <= 0) return;
+  constexpr int kThreads = 256;
+  expand<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"), kThreads, 0,
+           static_cast<cudaStream_t>(stream)>>>(post, comb, output, streams, p.hc, p.dim, tokens);
+  check(cudaGetLastError(), "hyper_expand launch");
+}
+
 }  // namespace
 
 int64_t hyper_in_scratch(const HyperParams& p, int64_t tokens) {
@@ -364,12 +395,13 @@ void hyper_in(const HyperParams& p, const SiteParams& site, const float* streams
 
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,
                   int64_t tokens, void* stream) {
-  check_params(p, "cuda::hyper_expand");
-  if (tokens <= 0) return;
-  constexpr int kThreads = 256;
-  expand<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"), kThreads, 0,
-           static_cast<cudaStream_t>(stream)>>>(post, comb, y, streams, p.hc, p.dim, tokens);
-  check(cudaGetLastError(), "hyper_expand launch");
+  launch_expand(p, post, comb, RowOutput{y}, streams, tokens, stream);
+}
+
+void hyper_expand_pairs(const HyperParams& p, const float* post, const float* comb, const float* pairs,
+                        const float* weights, int k, const float* shared, float* streams, int64_t tokens,
+                        void* stream) {
+  launch_expand(p, post, comb, PairsOutput{pairs, weights, shared, k}, streams, tokens, stream);
 }
 
 int64_t hyper_head_scratch(const HyperParams& p, int64_t tokens) {

@@ -40,6 +40,14 @@ int64_t hyper_in_scratch(const HyperParams& p, int64_t tokens);
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,
                   int64_t tokens, void* stream = nullptr);
 
+// hyper_expand with y the MoE's output, formed on the way as cuda::combine_pairs does:
+// y[t] = Σ_{i<k} weights[t·k + i] · pairs[t·k + i] (+ shared[t] when shared is not null),
+// pairs [tokens·k, D] and shared [tokens, D] in device memory (the same bits as
+// combine_pairs, then hyper_expand).
+void hyper_expand_pairs(const HyperParams& p, const float* post, const float* comb, const float* pairs,
+                        const float* weights, int k, const float* shared, float* streams, int64_t tokens,
+                        void* stream = nullptr);
+
 // hc_head, the final collapse, as ops/hyper.cpp's hyper_head: out[t] = Σ_j (σ(mix_j ·
 // scale[0] + base[j]) + hc_eps) · streams[t, j] with mix = fn · the RMS-normalized
 // flattened streams. fn [hc, hc·D], base [hc] and scale [1] are in device memory; out

@@ -27,6 +27,14 @@ void release(DeviceRope& rope);
 void rope(const DeviceRope& rope, float* x, int64_t tokens, int heads, int head_dim, const int64_t* positions,
           bool inverse, void* stream = nullptr);
 
+// Each of the tokens · heads rows of head_dim floats in x, in place: its RMSNorm with
+// eps (by `weight` [head_dim] in device memory, or unweighted when null), then the
+// forward rotation above at its token's position; as ops/norm.cpp, then ops/rope.cpp.
+// An attention site's q heads and its kv rows each take one launch (rows of float4
+// chunks up to 4096 floats; other rows take the norm's kernel and then rope's).
+void norm_rope(const DeviceRope& rope, float* x, int64_t tokens, int heads, int head_dim, const float* weight, float eps,
+               const int64_t* positions, void* stream = nullptr);
+
 // Adds this family's kernels to the registry (called from cuda/kernels.cu). The plan has
 // no rope op: RoPE runs inside the attention sites, so this registers nothing today.
 void register_rope(Registry& registry);
