@@ -127,9 +127,9 @@ TEST(CudaRope, NormRopeMatchesCpuNormThenRope) {
     int heads, head_dim, rope_dim;
     bool weighted, yarn;
   };
-  for (const Case s : {Case{3, 64, 512, 64, false, true}, Case{3, 1, 512, 64, true, true}, Case{5, 4, 32, 16, false, false},
-                       Case{2, 3, 40, 18, true, false}, Case{2, 3, 8, 8, true, false}, Case{2, 2, 30, 16, true, false},
-                       Case{2, 1, 4100, 64, false, false}}) {
+  for (const Case s : {Case{3, 64, 512, 64, false, true}, Case{3, 1, 512, 64, true, true},
+                       Case{5, 4, 32, 16, false, false}, Case{2, 3, 40, 18, true, false}, Case{2, 3, 8, 8, true, false},
+                       Case{2, 2, 30, 16, true, false}, Case{2, 1, 4100, 64, false, false}}) {
     RopeConfig c;
     c.rope_dim = s.rope_dim;
     if (s.yarn) {

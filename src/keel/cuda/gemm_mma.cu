@@ -11,6 +11,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/mma_bf16.cuh"
 #include "cuda/mma_shares.cuh"
 #include "cuda/moe.h"
@@ -449,6 +450,8 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   uint4 raw[R][2];
   uint32_t bits[R][2];
   if (kPrefetch && k_begin < k_end) rows.load(k_begin, raw, bits);
+  wait_for_inputs();  // the first weights (never written by a kernel) may load before
+  let_next_start();
   if constexpr (kSplitX) {  // while the first chunks load
     split_x<F>(cols, w.in, split_x_rows);
     __syncthreads();
@@ -517,6 +520,8 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
   const int64_t row0 = (block * kWarps + warp) * (16 * R);
   const int groups = min(C, (cols.count + 7) / 8);
   const int64_t units = (w.in + kUnit - 1) / kUnit;
+  wait_for_inputs();
+  let_next_start();
 
   if (threadIdx.x < kTokens) x_rows[threadIdx.x] = cols.x_row(min(static_cast<int>(threadIdx.x), cols.count - 1));
   __syncthreads();
@@ -627,6 +632,8 @@ __global__ void __launch_bounds__(kThreads, 2)
               const int32_t* __restrict__ experts, const int32_t* __restrict__ order,
               const PairGroup* __restrict__ groups, const int32_t* __restrict__ group_count, int per_row,
               const float* __restrict__ x, float* __restrict__ y, float* __restrict__ second_y, int split) {
+  wait_for_inputs();  // the experts come from the routing
+  let_next_start();
   if (blockIdx.z == 1) table = second_table, y = second_y;
   PairGroup group;
   if constexpr (kGrouped) {
@@ -690,18 +697,15 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
   if (blocks > INT_MAX) throw std::runtime_error("cuda::linear_mma: " + std::to_string(tokens) + " tokens in one call");
   if constexpr (C > 1) {
     if (staged) {
-      mma_linear<F, R, C, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
-                                                                                       static_cast<unsigned>(passes));
-      return check(cudaGetLastError(), "linear_mma launch");
+      return overlapped_launch("linear_mma launch", mma_linear<F, R, C, true>, static_cast<unsigned>(blocks), kThreads,
+                               0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(w.in, tokens); x_bytes > 0) {  // tokens ≤ 8
-    mma_linear<F, R, C, false, true><<<static_cast<unsigned>(blocks), kThreads, x_bytes, stream>>>(
-        w, x, y, tokens, split, static_cast<unsigned>(passes));
-    return check(cudaGetLastError(), "linear_mma launch");
+    return overlapped_launch("linear_mma launch", mma_linear<F, R, C, false, true>, static_cast<unsigned>(blocks),
+                             kThreads, x_bytes, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
   }
-  mma_linear<F, R, C><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, x, y, tokens, split,
-                                                                             static_cast<unsigned>(passes));
-  check(cudaGetLastError(), "linear_mma launch");
+  overlapped_launch("linear_mma launch", mma_linear<F, R, C>, static_cast<unsigned>(blocks), kThreads, 0, stream, w, x,
+                    y, tokens, split, static_cast<unsigned>(passes));
 }
 
 template <WeightFormat F>
@@ -742,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   switch (w.format) {
     case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1, kSplitX>(w, block, g.split[j], cols);
     case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1, kSplitX>(w, block, g.split[j], cols);
-    default: return;  // never grouped (group_takes)
+    default: return wait_for_inputs();  // never grouped (group_takes); waits as every overlapped kernel does
   }
 }
 
@@ -771,8 +775,8 @@ void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cu
     x_bytes = std::max(x_bytes, bytes);
   }
   const auto kernel = x_bytes > 0 ? mma_group<true> : mma_group<false>;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, x_bytes, stream>>>(g, x, static_cast<int>(tokens));
-  check(cudaGetLastError(), "linear_mma_group launch");
+  overlapped_launch("linear_mma_group launch", kernel, static_cast<unsigned>(blocks), kThreads, x_bytes, stream, g, x,
+                    static_cast<int>(tokens));
   g.count = 0;
 }
 
@@ -818,19 +822,18 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(most), t.second ? 2 : 1);
   if constexpr (kGrouped && C > 1) {
     if (staged) {
-      mma_pairs<F, R, C, true, true><<<grid, kThreads, 0, stream>>>(t.first, t.second, like, experts, order, groups,
-                                                                    count, per_row, x, t.y, t.second_y, split);
-      return check(cudaGetLastError(), "linear_pairs_mma launch");
+      return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, true, true>, grid, kThreads, 0, stream,
+                               t.first, t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y,
+                               split);
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(like.in, kGrouped ? std::min<int64_t>(pairs, kTile) : 1);
              x_bytes > 0) {  // a group's pairs (at most 8, one ungrouped), each with its row of x
-    mma_pairs<F, R, C, kGrouped, false, true><<<grid, kThreads, x_bytes, stream>>>(
-        t.first, t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
-    return check(cudaGetLastError(), "linear_pairs_mma launch");
+    return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped, false, true>, grid, kThreads,
+                             x_bytes, stream, t.first, t.second, like, experts, order, groups, count, per_row, x, t.y,
+                             t.second_y, split);
   }
-  mma_pairs<F, R, C, kGrouped><<<grid, kThreads, 0, stream>>>(t.first, t.second, like, experts, order, groups, count,
-                                                              per_row, x, t.y, t.second_y, split);
-  check(cudaGetLastError(), "linear_pairs_mma launch");
+  overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads, 0, stream, t.first,
+                    t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
 }
 
 // The tile as linear_mma picks it by tokens per call, here by pairs per table entry on

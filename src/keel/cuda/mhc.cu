@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/row_chunks.cuh"
 
 namespace keel::cuda {
@@ -248,6 +249,8 @@ __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch
   const int hc = HC > 0 ? HC : a.hc;
   const int rows = (2 + hc) * hc;
   const int64_t t = blockIdx.z, width = hc * a.dim;
+  wait_for_inputs();
+  let_next_start();
   slice_dots<Width>(a.site.fn, a.streams, rows, width, kSiteWarps, a.dots);
   __shared__ bool last;
   __threadfence();  // this block's dots before its arrival
@@ -320,6 +323,8 @@ struct PairsOutput {
 template <typename Output>
 __global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const Output output,
                        float* streams, int hc, int64_t dim, int64_t tokens) {
+  wait_for_inputs();
+  let_next_start();
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= tokens * dim) return;
   const int64_t t = n / dim, d = n % dim;
@@ -366,9 +371,8 @@ void launch_expand(const HyperParams& p, const float* post, const float* comb, c
   check_params(p, "cuda::hyper_expand");
   if (tokens <= 0) return;
   constexpr int kThreads = 256;
-  expand<<<blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"), kThreads, 0,
-           static_cast<cudaStream_t>(stream)>>>(post, comb, output, streams, p.hc, p.dim, tokens);
-  check(cudaGetLastError(), "hyper_expand launch");
+  overlapped_launch("hyper_expand launch", expand<Output>, blocks_of(tokens * p.dim, kThreads, "cuda::hyper_expand"),
+                    kThreads, 0, static_cast<cudaStream_t>(stream), post, comb, output, streams, p.hc, p.dim, tokens);
 }
 
 }  // namespace
@@ -389,8 +393,7 @@ void hyper_in(const HyperParams& p, const SiteParams& site, const float* streams
   // hc 4 is every DeepSeek-V4; other hc (small test models) take the serial Sinkhorn.
   const bool wide = float4_rows(p.dim, {site.fn, site.norm, streams, out.x});
   const auto kernel = p.hc == 4 ? (wide ? site_in<4, 4> : site_in<4, 1>) : (wide ? site_in<0, 4> : site_in<0, 1>);
-  kernel<<<grid, kSiteWarps * kWarp, 0, static_cast<cudaStream_t>(stream)>>>(a);
-  check(cudaGetLastError(), "hyper_in launch");
+  overlapped_launch("hyper_in launch", kernel, grid, kSiteWarps * kWarp, 0, static_cast<cudaStream_t>(stream), a);
 }
 
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,

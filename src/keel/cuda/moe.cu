@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 
 namespace keel::cuda {
 namespace {
@@ -17,6 +18,8 @@ constexpr int64_t kMaxBlocks = 4096;  // a million threads fill any GPU; past th
 // The CPU's expression in its order; std::min and std::clamp spelled out so that a NaN
 // gate or up goes through as it does there (fminf would drop it).
 __global__ void swiglu(float* gate, const float* __restrict__ up, int64_t count, float limit) {
+  wait_for_inputs();
+  let_next_start();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
     const float g = limit < gate[i] ? limit : gate[i];
     const float u = up[i] < -limit ? -limit : limit < up[i] ? limit : up[i];
@@ -75,8 +78,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min((n + kThr
 
 void clamped_swiglu(float* gate, const float* up, int64_t count, float limit, void* stream) {
   if (count <= 0) return;
-  swiglu<<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(gate, up, count, limit);
-  check(cudaGetLastError(), "clamped_swiglu launch");
+  overlapped_launch("clamped_swiglu launch", swiglu, blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream),
+                    gate, up, count, limit);
 }
 
 void combine_pairs(const float* y, const float* weights, int64_t tokens, int k, int64_t dim, const float* shared,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 
 namespace keel::cuda {
 namespace {
@@ -22,6 +23,8 @@ __global__ void __launch_bounds__(kThreads)
     route_tokens(float* logits, int experts, ScoringFunc func, const float* __restrict__ bias,
                  const int32_t* __restrict__ hashed, int k, float scaling, int32_t* __restrict__ experts_out,
                  float* __restrict__ weights_out) {
+  wait_for_inputs();
+  let_next_start();
   extern __shared__ float shared[];
   float* score = shared;               // [experts]
   float* biased = shared + experts;    // [experts], score + bias
@@ -90,9 +93,9 @@ void route(float* logits, int64_t tokens, int experts, ScoringFunc func, const f
   if (tokens > 0x7fffffff) throw std::runtime_error("cuda::route: too many tokens");
   const size_t shared = size_t(experts) * (2 * sizeof(float) + sizeof(int));
   if (shared > 48 * 1024) throw std::runtime_error("cuda::route: too many experts (" + std::to_string(experts) + ")");
-  route_tokens<<<static_cast<unsigned>(tokens), kThreads, shared, static_cast<cudaStream_t>(stream)>>>(
-      logits, experts, func, bias, hashed, k, scaling, experts_out, weights_out);
-  check(cudaGetLastError(), "route launch");
+  overlapped_launch("route launch", route_tokens, static_cast<unsigned>(tokens), kThreads, shared,
+                    static_cast<cudaStream_t>(stream), logits, experts, func, bias, hashed, k, scaling, experts_out,
+                    weights_out);
 }
 
 void register_moe_routing(Registry& registry) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/row_chunks.cuh"
 
 namespace keel::cuda {
@@ -29,6 +30,8 @@ template <bool Weighted, int Width>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_rows(const float* x, const float* __restrict__ weight, float eps, float* out, int64_t dim) {
   __shared__ float shared[kMaxWarps];
+  wait_for_inputs();
+  let_next_start();
   const float* xr = x + int64_t{blockIdx.x} * dim;
   float* yr = out + int64_t{blockIdx.x} * dim;
   const int64_t chunks = dim / Width, stride = blockDim.x;
@@ -77,11 +80,12 @@ void launch(const float* x, const float* weight, float eps, float* out, int64_t 
   // float4 chunks when every row starts 16-byte aligned; a row's offset r · dim keeps its
   // base's alignment then, so a row alone takes the same path as in a batch.
   if (dim % 4 == 0 && aligned16(x) && aligned16(out) && (!Weighted || aligned16(weight))) {
-    rms_rows<Weighted, 4><<<static_cast<unsigned>(rows), threads_for(dim / 4), 0, s>>>(x, weight, eps, out, dim);
+    overlapped_launch("rms_norm launch", rms_rows<Weighted, 4>, static_cast<unsigned>(rows), threads_for(dim / 4), 0, s,
+                      x, weight, eps, out, dim);
   } else {
-    rms_rows<Weighted, 1><<<static_cast<unsigned>(rows), threads_for(dim), 0, s>>>(x, weight, eps, out, dim);
+    overlapped_launch("rms_norm launch", rms_rows<Weighted, 1>, static_cast<unsigned>(rows), threads_for(dim), 0, s, x,
+                      weight, eps, out, dim);
   }
-  check(cudaGetLastError(), "rms_norm launch");
 }
 
 }  // namespace

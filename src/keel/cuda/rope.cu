@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/norm.h"
 #include "cuda/row_chunks.cuh"
 
@@ -27,6 +28,8 @@ __device__ __forceinline__ void rotate_pair(float& a, float& b, int64_t position
 // One thread per rotated pair: index = ((token · heads) + head) · half + i.
 __global__ void rotate(const float* __restrict__ inv_freq, float* x, int64_t pairs, int half, int head_dim,
                        int heads, const int64_t* __restrict__ positions, float sign) {
+  wait_for_inputs();
+  let_next_start();
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= pairs) return;
   const int i = static_cast<int>(n % half);
@@ -45,6 +48,8 @@ __global__ void __launch_bounds__(1024)
     norm_rotate(const float* __restrict__ inv_freq, float* x, const float* __restrict__ weight, float eps,
                 int head_dim, int heads, int rope_start, const int64_t* __restrict__ positions) {
   __shared__ float partial[32];
+  wait_for_inputs();
+  let_next_start();
   const int64_t row = blockIdx.x, token = row / heads;
   float* xr = x + row * head_dim;
   const int chunk = threadIdx.x, first = 4 * chunk;
@@ -98,9 +103,9 @@ void rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int head_dim
   constexpr int kThreads = 256;
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) throw std::runtime_error("cuda::rope: too many rows");
-  rotate<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      r.inv_freq, x, pairs, half, head_dim, heads, positions, inverse ? -1.0f : 1.0f);
-  check(cudaGetLastError(), "rope launch");
+  overlapped_launch("rope launch", rotate, static_cast<unsigned>(blocks), kThreads, 0,
+                    static_cast<cudaStream_t>(stream), r.inv_freq, x, pairs, half, head_dim, heads, positions,
+                    inverse ? -1.0f : 1.0f);
 }
 
 void norm_rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int head_dim, const float* weight, float eps,
@@ -124,9 +129,9 @@ void norm_rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int hea
   if (rows > 0x7fffffff) throw std::runtime_error("cuda::norm_rope: too many rows");
   const int threads = (head_dim / 4 + kWarp - 1) / kWarp * kWarp;
   const auto kernel = weight ? norm_rotate<true> : norm_rotate<false>;
-  kernel<<<static_cast<unsigned>(rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      r.inv_freq, x, weight, eps, head_dim, heads, head_dim - r.rope_dim, positions);
-  check(cudaGetLastError(), "norm_rope launch");
+  overlapped_launch("norm_rope launch", kernel, static_cast<unsigned>(rows), threads, 0,
+                    static_cast<cudaStream_t>(stream), r.inv_freq, x, weight, eps, head_dim, heads,
+                    head_dim - r.rope_dim, positions);
 }
 
 void register_rope(Registry&) {}
