@@ -35,22 +35,33 @@ struct Shape {
   bool yarn;
 };
 
+// rope_dim rotated channels; with `yarn`, Flash's compress rope (YaRN, factor 16).
+RopeConfig rope_config(int rope_dim, bool yarn) {
+  RopeConfig c;
+  c.rope_dim = rope_dim;
+  if (yarn) {
+    c.theta = 10000.0;
+    c.yarn = true;
+    c.yarn_factor = 16.0;
+    c.yarn_original_max_position = 65536;
+  }
+  return c;
+}
+
+// Position 0, then small and far (past a million) ones in turn.
+std::vector<int64_t> test_positions(int64_t tokens) {
+  std::vector<int64_t> positions(tokens);
+  for (int64_t t = 0; t < tokens; ++t) positions[t] = t == 0 ? 0 : t * 7 + (t % 2 ? 1000000 : 3);
+  return positions;
+}
+
 TEST(CudaRope, MatchesCpuReferenceForwardAndInverse) {
   // tiny-like (32-wide heads, 16 rotated), Flash-like (512-wide, 64 rotated, YaRN), and a
   // head that is all rope.
   for (const Shape s : {Shape{5, 4, 32, 16, false}, Shape{3, 64, 512, 64, true}, Shape{2, 3, 8, 8, false}}) {
-    RopeConfig c;
-    c.rope_dim = s.rope_dim;
-    if (s.yarn) {
-      c.theta = 10000.0;
-      c.yarn = true;
-      c.yarn_factor = 16.0;
-      c.yarn_original_max_position = 65536;
-    }
-    const Rope host(c);
+    const Rope host(rope_config(s.rope_dim, s.yarn));
     DeviceRope r = upload(host);
-    std::vector<int64_t> positions(s.tokens);
-    for (int64_t t = 0; t < s.tokens; ++t) positions[t] = t == 0 ? 0 : t * 7 + (t % 2 ? 1000000 : 3);
+    const std::vector<int64_t> positions = test_positions(s.tokens);
     int64_t* dpos = device_copy(positions);
     for (const bool inverse : {false, true}) {
       const std::vector<float> x = random_normal(s.tokens * s.heads * s.head_dim, inverse ? 32 : 31);
@@ -130,18 +141,9 @@ TEST(CudaRope, NormRopeMatchesCpuNormThenRope) {
   for (const Case s : {Case{3, 64, 512, 64, false, true}, Case{3, 1, 512, 64, true, true},
                        Case{5, 4, 32, 16, false, false}, Case{2, 3, 40, 18, true, false}, Case{2, 3, 8, 8, true, false},
                        Case{2, 2, 30, 16, true, false}, Case{2, 1, 4100, 64, false, false}}) {
-    RopeConfig c;
-    c.rope_dim = s.rope_dim;
-    if (s.yarn) {
-      c.theta = 10000.0;
-      c.yarn = true;
-      c.yarn_factor = 16.0;
-      c.yarn_original_max_position = 65536;
-    }
-    const Rope host(c);
+    const Rope host(rope_config(s.rope_dim, s.yarn));
     DeviceRope r = upload(host);
-    std::vector<int64_t> positions(s.tokens);
-    for (int64_t t = 0; t < s.tokens; ++t) positions[t] = t == 0 ? 0 : t * 7 + (t % 2 ? 1000000 : 3);
+    const std::vector<int64_t> positions = test_positions(s.tokens);
     const std::vector<float> x = random_normal(s.tokens * s.heads * s.head_dim, 51, 3.0f);
     const std::vector<float> weight = random_normal(s.head_dim, 52);
     const float eps = 1e-6f;
