@@ -194,7 +194,8 @@ constexpr int kSiteWarps = 9;
 constexpr int kCollapseWarps = kSiteWarps - 1;
 constexpr int kCollapseThreads = kCollapseWarps * kWarp;
 // The chunks of x a collapsing thread holds between its sum of squares and its output:
-// D up to kHeldChunks · Width · 256 (8192 at float4) is read once.
+// D up to kHeldChunks · Width · 256 (4096 at float4, Flash's) is read once; wider rows
+// read their other chunks twice. More would cost the registers the dots need.
 constexpr int kHeldChunks = 4;
 
 // x = RMSNorm(Σ_j pre[j] · streams[j]; norm) for one token, by the first kCollapseWarps
@@ -243,7 +244,9 @@ struct SiteLaunch {
 // Block (row group, slice, token) computes its rows' dots over its slice (slice_dots);
 // the token's last block to finish (counted in arrivals[t], which it resets) adds up
 // the slices and forms pre and post, then its last warp the Sinkhorn of comb while the
-// others collapse the streams and normalize the sum.
+// others collapse the streams and normalize the sum. At most 56 registers (4 blocks per
+// SM): a call of many tokens is mostly dots, each token rereading fn from L2, and
+// wants the warps in flight (72 registers left 3 blocks and made prefill's mHC 11% slower).
 template <int HC, int Width>
 __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch a) {
   const int hc = HC > 0 ? HC : a.hc;
