@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -355,17 +354,6 @@ unsigned blocks_of(int64_t n, int threads, const char* what) {
   const int64_t blocks = (n + threads - 1) / threads;
   if (blocks > 0x7fffffff) throw std::runtime_error(std::string(what) + ": too many tokens");
   return static_cast<unsigned>(blocks);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Chunks of 4 floats when every row the kernels read or write starts 16-byte aligned.
-bool float4_rows(int64_t dim, std::initializer_list<const void*> pointers) {
-  if (dim % 4 != 0) return false;
-  for (const void* p : pointers) {
-    if (!aligned16(p)) return false;
-  }
-  return true;
 }
 
 template <typename Output>

@@ -69,17 +69,13 @@ int threads_for(int64_t chunks) {
   return static_cast<int>(std::min<int64_t>(kMaxThreads, (threads + kWarp - 1) / kWarp * kWarp));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <bool Weighted>
 void launch(const float* x, const float* weight, float eps, float* out, int64_t rows, int64_t dim, void* stream) {
   if (rows <= 0) return;
   if (dim <= 0) throw std::runtime_error("cuda::rms_norm: dim must be positive");
   if (rows > 0x7fffffff) throw std::runtime_error("cuda::rms_norm: too many rows (" + std::to_string(rows) + ")");
   const auto s = static_cast<cudaStream_t>(stream);
-  // float4 chunks when every row starts 16-byte aligned; a row's offset r · dim keeps its
-  // base's alignment then, so a row alone takes the same path as in a batch.
-  if (dim % 4 == 0 && aligned16(x) && aligned16(out) && (!Weighted || aligned16(weight))) {
+  if (float4_rows(dim, {x, out, weight})) {  // weight is null unweighted
     overlapped_launch("rms_norm launch", rms_rows<Weighted, 4>, static_cast<unsigned>(rows), threads_for(dim / 4), 0, s,
                       x, weight, eps, out, dim);
   } else {

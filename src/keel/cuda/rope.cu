@@ -71,8 +71,6 @@ __global__ void __launch_bounds__(1024)
   store(xr, chunk, v);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 DeviceRope upload(const Rope& rope) {
@@ -116,7 +114,7 @@ void norm_rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int hea
   }
   const int64_t rows = tokens * heads;
   if (rows <= 0) return;
-  const bool one_launch = head_dim % 4 == 0 && head_dim <= 4 * 1024 && aligned16(x) && (!weight || aligned16(weight));
+  const bool one_launch = head_dim <= 4 * 1024 && float4_rows(head_dim, {x, weight});  // weight may be null
   if (!one_launch) {  // rows of single floats, or longer than a block: the two kernels
     if (weight) {
       rms_norm(x, weight, eps, x, rows, head_dim, stream);

@@ -4,10 +4,23 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.cuh"
 
 namespace keel::cuda {
+
+// Whether rows of `dim` floats at these pointers read in float4 chunks: dim a multiple
+// of 4 and every pointer 16-byte aligned (null ones, absent arguments, count as
+// aligned). A row's offset r · dim keeps its base's alignment then, so a row alone takes
+// the same path as in a batch.
+inline bool float4_rows(int64_t dim, std::initializer_list<const void*> pointers) {
+  if (dim % 4 != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
 
 // Width consecutive floats of a row: float4 loads when Width is 4 (the caller checks
 // 16-byte alignment), single floats when 1.
