@@ -9,6 +9,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/mma_bf16.cuh"
 
 namespace keel::cuda {
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
            PagedTables paged) {
   __shared__ __align__(16) float tiles[2][kTile * kMaxAttentionHeadDim];
   __shared__ const float* rows[kFound];  // key rows of the current pass
+  let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -169,12 +171,15 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   }
 }
 
-// One block per (sequence, head) of a sequence whose keys were split: the splits'
-// softmax pieces rescaled to their common max and added, in split order. Each split's
-// m and l, and then a column's sums, are loaded all at once (the loops are unrolled to
-// kMaxSplits), so a column costs one memory round trip, not one per split.
+// One block per (sequence, head) of a sequence whose keys were split, a thread per
+// column: the splits' softmax pieces rescaled to their common max and added, in split
+// order. Each split's m and l, and then the column's sums, are loaded all at once (the
+// loops are unrolled to kMaxSplits), so the block costs two memory round trips after
+// its list's length, not one per split or per column.
 __global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
                         int head_dim, int stride, int keys_per_split, float* __restrict__ out) {
+  wait_for_inputs();
+  let_next_start();
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int splits = splits_of(key_offsets[b + 1] - key_offsets[b], keys_per_split);
   if (splits == 1) return;  // written by the decode kernel
@@ -450,9 +455,9 @@ void check_call(const char* who, int sequences, int head_dim, PagedTables paged)
 // Merges the split rows' pieces (a no-op for rows whose list was not split).
 void launch_combine(const float* scratch, const int32_t* key_offsets, int sequences, int heads, int head_dim,
                     int splits, int keys_per_split, float* out, cudaStream_t stream) {
-  combine<<<static_cast<unsigned>(int64_t{sequences} * heads), 128, 0, stream>>>(scratch, key_offsets, heads, head_dim,
-                                                                                  splits, keys_per_split, out);
-  check(cudaGetLastError(), "attention combine launch");
+  const int threads = (head_dim + kWarp - 1) / kWarp * kWarp;  // a column each (head_dim ≤ 512)
+  overlapped_launch("attention combine launch", combine, static_cast<unsigned>(int64_t{sequences} * heads), threads, 0,
+                    stream, scratch, key_offsets, heads, head_dim, splits, keys_per_split, out);
 }
 
 }  // namespace
