@@ -7,7 +7,9 @@
 // at 1, 8, 64, 256 and 4096 tokens per call (FP8 also by w8a8: linear_w8a8, FP8
 // activations on FP8 tensor cores, on sm_89 and later); then the routed experts' pair forms (gemv:
 // linear_pairs, mma: linear_pairs_mma) over 256 experts, 6 per token; then the
-// lightning indexer with its top-k for one decode token by actual context length.
+// lightning indexer with its top-k for one decode token by actual context length; then
+// decode attention by key list length and rows per call, the CUDA-core kernel
+// (attend_decode) against the tensor-core one's decode entry (attend_mma_decode).
 //
 //   keel_gpu_bench [--iters N]
 #include <cuda_runtime_api.h>
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention.h"
 #include "cuda/gemm_fp8.h"
 #include "cuda/gemm_mma.h"
 #include "cuda/indexer.h"
@@ -346,6 +349,44 @@ int main(int argc, char** argv) {
         iters);
     fmt::print("{:>9}K {:>10} {:>10.1f} {:>12.0f}\n", context >> 10, entries, s * 1e6,
                entries * kDim * sizeof(float) / s / 1e9);
+  }
+
+  // Flash's decode attention: 64 heads of 512 sharing one key per list entry, lists of
+  // window (128) plus compressed entries, each row its own list of random rows of 8,192
+  // keys (16 MB: they stay in L2, where a decode step's keys come from DRAM).
+  constexpr int kAttHeads = 64, kAttDim = 512, kKvRows = 8192, kMostRows = 64, kLongest = 2048;
+  float* kv = upload_floats(normal(size_t{kKvRows} * kAttDim));
+  float* att_q = upload_floats(normal(size_t{kMostRows} * kAttHeads * kAttDim));
+  float* sinks = upload_floats(std::vector<float>(kAttHeads, 0.0f));
+  float *att_out = nullptr, *att_scratch = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&att_out), size_t{kMostRows} * kAttHeads * kAttDim * sizeof(float)));
+  check(cudaMalloc(reinterpret_cast<void**>(&att_scratch),
+                   keel::cuda::attend_decode_scratch(kMostRows, kAttHeads, kAttDim, kLongest) * sizeof(float)));
+  std::mt19937 pick_rng(2);
+  std::uniform_int_distribution<int32_t> pick(0, kKvRows - 1);
+  std::vector<int32_t> index(size_t{kMostRows} * kLongest);
+  for (int32_t& i : index) i = pick(pick_rng);
+  int32_t* dindex = nullptr;
+  int32_t* doffsets = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&dindex), index.size() * sizeof(int32_t)));
+  check(cudaMemcpy(dindex, index.data(), index.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  check(cudaMalloc(reinterpret_cast<void**>(&doffsets), (kMostRows + 1) * sizeof(int32_t)));
+  fmt::print("\ndecode attention, us per call ({} heads x {}, one list per row)\n", kAttHeads, kAttDim);
+  fmt::print("{:>6} {:>6} {:>12} {:>12}\n", "rows", "keys", "cuda cores", "tensor cores");
+  for (const int rows : {1, 8, 64}) {
+    for (const int keys : {128, 256, 384, 512, 640, 1024, 2048}) {
+      std::vector<int32_t> offsets(rows + 1);
+      for (int r = 0; r <= rows; ++r) offsets[r] = r * keys;
+      check(cudaMemcpy(doffsets, offsets.data(), offsets.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const auto time = [&](auto* kernel) {
+        return seconds([&] {
+          kernel(att_q, rows, kAttHeads, kAttDim, kv, dindex, doffsets, sinks, 0.05f, att_out, att_scratch, keys, {},
+                 nullptr);
+        }, iters);
+      };
+      const double cores = time(&keel::cuda::attend_decode), tensor = time(&keel::cuda::attend_mma_decode);
+      fmt::print("{:>6} {:>6} {:>12.1f} {:>12.1f}\n", rows, keys, cores * 1e6, tensor * 1e6);
+    }
   }
   return 0;
 }

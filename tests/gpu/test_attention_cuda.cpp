@@ -195,9 +195,9 @@ TEST(CudaAttention, RefusesHeadDimOverLimit) {
 // The tensor-core kernel for prefill rows, at the decode tests' shapes and more: heads
 // not a multiple of its 32 nor of 16, head_dim not a multiple of its 64 (nor of 4), key
 // lists crossing its 16-key tiles and its 512-key splits, a row with no key.
-void check_mma(const Case& c, uint32_t seed) {
-  check_case(c, seed, &attend_mma, Precision::split_exact);
-  check_case(c, seed + 100, &attend_mma, Precision::split);
+void check_mma(const Case& c, uint32_t seed, decltype(&attend_mma) kernel = &attend_mma) {
+  check_case(c, seed, kernel, Precision::split_exact);
+  check_case(c, seed + 100, kernel, Precision::split);
 }
 
 TEST(CudaMmaAttention, TinyMatchesCpuReference) {
@@ -222,6 +222,18 @@ TEST(CudaMmaAttention, FlashSizeMatchesCpuReference) {
 TEST(CudaMmaAttention, SplitKeysMatchCpuReference) {
   check_mma({.heads = 64, .head_dim = 512, .kv_rows = 4096, .keys = {128 + 2000, 513}, .sink_shift = 0.0f}, 182);
   check_mma({.heads = 8, .head_dim = 64, .kv_rows = 64, .keys = {9000, 3}, .sink_shift = 0.0f}, 183);
+}
+
+// The same kernel's decode and verify entry, which splits lists every 32 keys (up to 16
+// splits, then longer ones): lists shorter than a split, crossing splits with a ragged
+// last one, past 16 splits, beside empty and one-key lists; ragged heads and head_dim.
+TEST(CudaMmaAttention, DecodeEntryMatchesCpuReference) {
+  const auto decode = &attend_mma_decode;
+  check_mma({.heads = 4, .head_dim = 32, .kv_rows = 50, .keys = {0, 5, 37, 8}, .sink_shift = 0.0f}, 191, decode);
+  check_mma({.heads = 40, .head_dim = 100, .kv_rows = 300, .keys = {33, 250, 1}, .sink_shift = 1.0f}, 192, decode);
+  check_mma({.heads = 64, .head_dim = 512, .kv_rows = 2048, .keys = {128 + 512, 128 + 32, 7}, .sink_shift = 0.0f}, 193,
+            decode);
+  check_mma({.heads = 8, .head_dim = 64, .kv_rows = 700, .keys = {5000, 470, 2}, .sink_shift = 6.0f}, 194, decode);
 }
 
 TEST(CudaMmaAttention, RefusesHeadDimOverLimit) {

@@ -230,7 +230,9 @@ constexpr int kThreads = 2 * kQuarters * kWarp;  // 256
 constexpr int kKeys = 16;                        // keys per staged tile
 constexpr int kMaxSteps = kMaxAttentionHeadDim / kQuarters / 16;  // 16-wide k steps in a quarter
 constexpr int kPad = 8;  // bf16 values after each staged key row: rows 16 bytes off a 128-byte multiple
-constexpr int kKeysPerSplit = 512;
+// Keys per split for prefill's rows: many rows fill the GPU, so a split is long. Decode
+// and verify (a row or a few per sequence) split as the CUDA-core kernel does.
+constexpr int kPrefillKeysPerSplit = 512;
 constexpr int kLanesPerKey = kThreads / kKeys;  // threads staging one key row
 static_assert(kLanesPerKey * kKeys == kThreads);
 
@@ -255,12 +257,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     attend(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
-           PagedTables paged) {
+           PagedTables paged, int keys_per_split) {
   constexpr int kStride = kMaxAttentionHeadDim + kPad;
   __shared__ __align__(16) uint16_t khi[kKeys * kStride], klo[kKeys * kStride];
   __shared__ float reduce[2 * kQuarters][8][kWarp];  // each warp's partial S
+  let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
   const int b = blockIdx.y;
-  const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all, kKeysPerSplit), split = blockIdx.z;
+  const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all, keys_per_split), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
   const float* const* table = paged.tables ? paged.tables[b] : nullptr;
   const int dp = padded(head_dim), quarter = dp / kQuarters, steps = quarter / 16, stride = dp + kPad;
@@ -477,44 +480,72 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
   if (splits > 1) launch_combine(scratch, key_offsets, sequences, heads, head_dim, splits, kKeysPerSplit, out, stream);
 }
 
-void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
-                const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
-                int max_keys, PagedTables paged, void* stream_ptr) {
-  check_call("cuda::attend_mma", rows, head_dim, paged);
+namespace {
+
+void launch_mma(const char* who, const float* q, int rows, int heads, int head_dim, const float* kv,
+                const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale, float* out,
+                float* scratch, int max_keys, PagedTables paged, int keys_per_split, void* stream_ptr) {
+  check_call(who, rows, head_dim, paged);
   if (rows <= 0 || heads <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const int splits = splits_of(max_keys, mma_rows::kKeysPerSplit);
-  if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_mma: no scratch for split keys");
+  const int splits = splits_of(max_keys, keys_per_split);
+  if (splits > 1 && scratch == nullptr) throw std::runtime_error(std::string(who) + ": no scratch for split keys");
   const dim3 grid((heads + mma_rows::kHeads - 1) / mma_rows::kHeads, rows, splits);
   mma_rows::attend<<<grid, mma_rows::kThreads, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks,
-                                                            scale, out, scratch, paged);
+                                                            scale, out, scratch, paged, keys_per_split);
   check(cudaGetLastError(), "attend_mma launch");
-  if (splits > 1) {
-    launch_combine(scratch, key_offsets, rows, heads, head_dim, splits, mma_rows::kKeysPerSplit, out, stream);
-  }
+  if (splits > 1) launch_combine(scratch, key_offsets, rows, heads, head_dim, splits, keys_per_split, out, stream);
+}
+
+}  // namespace
+
+void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
+                const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                int max_keys, PagedTables paged, void* stream) {
+  launch_mma("cuda::attend_mma", q, rows, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch,
+             max_keys, paged, mma_rows::kPrefillKeysPerSplit, stream);
+}
+
+void attend_mma_decode(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
+                       const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                       int max_keys, PagedTables paged, void* stream) {
+  launch_mma("cuda::attend_mma_decode", q, rows, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
+             scratch, max_keys, paged, kKeysPerSplit, stream);
 }
 
 void register_attention(Registry& registry) {
-  const auto add = [&](const char* name, auto* entry, Op op, int priority, const char* summary) {
+  const auto add = [&](const char* name, auto* entry, Op op, int priority, std::vector<AttentionKind> kinds,
+                       const char* summary) {
     KernelInfo k{.name = name,
                  .op = op,
                  .archs = ArchSet::gpus_from(Arch::sm_80),
                  .activations = {Activation::f32},
+                 .attention_kinds = std::move(kinds),
                  .priority = priority,
                  .summary = summary};
     registry.add(std::move(k.with_entry(entry)));
   };
-  // The CUDA-core kernel: f32 throughout, one query row per block group. Decode and
-  // verify stay on it so a speculative step's rows get the bits plain decoding gets.
-  add("cuda_decode_attention", &attend_decode, Op::attention_decode, 1,
+  // The CUDA-core kernel: f32 throughout, one query row per block group.
+  add("cuda_decode_attention", &attend_decode, Op::attention_decode, 1, {},
       "one query per sequence over indexed window + compressed keys, sink, online softmax (CUDA cores)");
-  add("cuda_decode_attention", &attend_decode, Op::attention_prefill, 1,
+  add("cuda_decode_attention", &attend_decode, Op::attention_prefill, 1, {},
       "the decode kernel once per chunk token (CUDA cores)");
-  add("cuda_decode_attention", &attend_decode, Op::attention_verify, 1,
+  add("cuda_decode_attention", &attend_decode, Op::attention_verify, 1, {},
       "the decode kernel once per draft token, so verified rows equal decoded ones bit for bit");
-  // mma.sync bf16 is on every GPU from sm_80 on.
-  add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2,
+  // mma.sync bf16 is on every GPU from sm_80 on. Decode and verify take the tensor cores
+  // in CSA layers, whose lists reach the window plus the indexer's top-k (640 keys for
+  // Flash from 2K tokens of context on). Sliding lists (≤ the window) and HCA lists (the
+  // window plus one entry per 128 tokens) stay short, where one sequence's row runs as
+  // fast or faster on the CUDA-core kernel; the tensor cores win at every length from 8
+  // rows a call, but the choice is per layer kind, never per call, so that a row's bits
+  // do not depend on its batch (docs/perf.md, 2026-12-02). Decode and verify take the
+  // same kernel in every layer, so a verified row has the bits plain decoding gives it.
+  add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2, {},
       "tensor cores (mma.sync, f32 as bf16 hi + lo): 32 heads of a query row against 16 keys at a time");
+  add("cuda_mma_attention", &attend_mma_decode, Op::attention_decode, 2, {AttentionKind::compressed_sparse},
+      "tensor cores as for prefill, lists split every 32 keys (CSA layers: long lists)");
+  add("cuda_mma_attention", &attend_mma_decode, Op::attention_verify, 2, {AttentionKind::compressed_sparse},
+      "the decode entry once per draft token, so verified rows equal decoded ones bit for bit");
 }
 
 }  // namespace keel::cuda

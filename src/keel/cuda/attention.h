@@ -41,6 +41,12 @@ int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_ke
 void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
                 const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
                 int max_keys, PagedTables paged = {}, void* stream = nullptr);
+// The same kernel for decode and verify rows (one or a few per sequence): lists split
+// every 32 keys as attend_decode splits them (up to 16 splits), so that a few rows
+// still give the GPU blocks; its scratch is attend_decode_scratch's.
+void attend_mma_decode(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
+                       const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                       int max_keys, PagedTables paged = {}, void* stream = nullptr);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu).
 void register_attention(Registry& registry);
