@@ -69,9 +69,9 @@ __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // The slices' partial sums of rows 0..rows (slice_dots' output for token t) into d, one
 // row per thread of the block, each in slice order. The loads go to L2 (other blocks
-// of the launch may have written them). A row's loads are issued
-// kSliceBatch at a time: one after another they would cost an L2 round trip each. The
-// batch past the last slice is padded with +0, which leaves the sum (never −0) as it is.
+// of the launch may have written them). A row's loads are issued kSliceBatch at a time:
+// one after another they would cost an L2 round trip each. The batch past the last slice
+// is padded with +0, which leaves the sum (never −0) as it is.
 constexpr int kSliceBatch = 16;
 __device__ void sum_slices(const float* __restrict__ dots, int64_t t, int rows, int64_t width, float* d) {
   const int64_t slices = mix_slices(width);

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   for (int64_t i = threadIdx.x + kHeld * stride; i < chunks; i += stride) sum = add_squares(sum, load<Width>(xr, i));
   const float r = 1.0f / sqrtf(warps_sum(sum, shared, static_cast<int>(blockDim.x) / kWarp) / static_cast<float>(dim) + eps);
-  // Every read of x above precedes the barrier in block_sum, and each thread writes only
+  // Every read of x above precedes the barrier in warps_sum, and each thread writes only
   // what it read, so out may alias x.
 #pragma unroll
   for (int h = 0; h < kHeld; ++h) {

@@ -1,6 +1,6 @@
-// Pieces the row-wise kernels share (cuda/norm.cu, cuda/mhc.cu): a row read in chunks of
-// Width consecutive floats (float4 loads when 4), and a sum over the warps of a block.
-// For .cu files only.
+// Pieces the row-wise kernels share (cuda/norm.cu, cuda/mhc.cu, cuda/rope.cu): a row read
+// in chunks of Width consecutive floats (float4 loads when 4), and a sum over the warps
+// of a block. For .cu files only.
 #pragma once
 
 #include <cstdint>
