@@ -3,8 +3,9 @@
 // thread count and the candidate buffer, with outputs poisoned first: candidates and
 // their order exact, the whole-row Gumbel pick exact (the noise is bit-identical by
 // construction), the chosen token the same. The normalizers are sums of exp in a
-// different order (strided partials and a shuffle tree against one double sum): 1e-5
-// relative; a sum over the wrong row or a missing term is off by far more.
+// different order (per 4096-logit chunk relative to its own maximum, strided partials
+// and shuffle trees, against one double sum): 1e-5 relative; a sum over the wrong row,
+// a missing term or a chunk scaled by the wrong maximum is off by far more.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -52,7 +53,8 @@ DeviceSummaries run_device(const std::vector<float>& logits, int64_t vocab, cons
   auto* d_totals = device_poisoned<RowTotals>(tasks.size());
   auto* d_ids = device_poisoned<int32_t>(tasks.size() * stride);
   float* d_values = device_poisoned(tasks.size() * stride);
-  summarize_rows(d_logits, rows, vocab, d_tasks, stride, d_totals, d_ids, d_values);
+  auto* d_scratch = device_poisoned<uint8_t>(summary_scratch_bytes(rows, vocab));
+  summarize_rows(d_logits, rows, vocab, d_tasks, stride, d_totals, d_ids, d_values, d_scratch);
   DeviceSummaries out;
   out.totals = host_copy(d_totals, tasks.size());
   out.ids = host_copy(d_ids, tasks.size() * stride);
@@ -61,7 +63,7 @@ DeviceSummaries run_device(const std::vector<float>& logits, int64_t vocab, cons
     out.rows.push_back(row_summary(out.totals[r], out.ids.data() + r * stride, values.data() + r * stride, vocab));
   }
   for (void* p : {static_cast<void*>(d_logits), static_cast<void*>(d_tasks), static_cast<void*>(d_totals),
-                  static_cast<void*>(d_ids), static_cast<void*>(d_values)}) {
+                  static_cast<void*>(d_ids), static_cast<void*>(d_values), static_cast<void*>(d_scratch)}) {
     cudaFree(p);
   }
   return out;
@@ -72,8 +74,8 @@ void expect_near_relative(float got, float want, const char* what, int64_t vocab
 }
 
 TEST(CudaSampling, SummariesMatchTheCpuReference) {
-  for (const int64_t vocab : {int64_t{1}, int64_t{5}, int64_t{1000}, int64_t{1024}, int64_t{1025}, int64_t{50007},
-                              int64_t{129280}}) {
+  for (const int64_t vocab : {int64_t{1}, int64_t{5}, int64_t{1000}, int64_t{1024}, int64_t{1025}, int64_t{4096},
+                              int64_t{4097}, int64_t{50007}, int64_t{129280}}) {
     const std::vector<RowChoice> choices = choice_cases(static_cast<uint64_t>(vocab));
     std::vector<float> logits = random_normal(choices.size() * vocab, static_cast<uint32_t>(vocab), 3.0f);
     for (size_t r = 0; r < choices.size(); ++r) {

@@ -281,7 +281,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<int64_t> window_starts;
   DeviceBuffer<float> pooled;
   DeviceBuffer<SummaryTask> sample_tasks;
-  DeviceBuffer<uint8_t> sample_out;  // RowTotals[rows], then ids and values [rows, stride]
+  DeviceBuffer<uint8_t> sample_out;  // RowTotals[rows], ids and values [rows, stride], the kernels' scratch
 };
 
 namespace {
@@ -1522,14 +1522,14 @@ std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span
     stride = std::max(stride, tasks.back().candidates);
   }
   ws.stage.upload(ws.sample_tasks, std::span<const SummaryTask>(tasks), stream_);
-  // Totals, ids and values in one buffer: one copy back.
+  // Totals, ids and values in one buffer: one copy back. The kernels' scratch after them.
   const size_t totals_bytes = n * sizeof(RowTotals), list_bytes = n * stride * sizeof(int32_t);
-  const size_t bytes = totals_bytes + 2 * list_bytes;
-  ws.sample_out.resize(bytes);
+  const size_t bytes = totals_bytes + 2 * list_bytes, scratch_at = (bytes + 15) / 16 * 16;
+  ws.sample_out.resize(scratch_at + cuda::summary_scratch_bytes(n, V));
   uint8_t* out_device = ws.sample_out.data();
   top.sample(ws.logits.data(), n, V, ws.sample_tasks.data(), stride, reinterpret_cast<RowTotals*>(out_device),
              reinterpret_cast<int32_t*>(out_device + totals_bytes),
-             reinterpret_cast<float*>(out_device + totals_bytes + list_bytes), stream_);
+             reinterpret_cast<float*>(out_device + totals_bytes + list_bytes), out_device + scratch_at, stream_);
   uint8_t* host = ws.sample_host.grow(bytes);
   check_api(cudaMemcpyAsync(host, out_device, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
   const auto* totals = reinterpret_cast<const RowTotals*>(host);

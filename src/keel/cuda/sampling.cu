@@ -28,8 +28,7 @@ __device__ uint64_t ranked(uint32_t key, int32_t token) {
 }
 __device__ int32_t token_of(uint64_t r) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(r)); }
 
-// Block-wide reductions (kThreads threads); every thread gets the result. The partials
-// are combined in the same order every time, so a row's sums do not depend on its batch.
+// A block-wide maximum (kThreads threads); every thread gets the result.
 __device__ uint64_t block_max(uint64_t v, uint64_t* shared) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
   __syncthreads();  // the previous use of `shared` is over
@@ -37,16 +36,6 @@ __device__ uint64_t block_max(uint64_t v, uint64_t* shared) {
   __syncthreads();
   uint64_t out = 0;
   for (int w = 0; w < kWarps; ++w) out = max(out, shared[w]);
-  return out;
-}
-
-__device__ float block_sum(float v, float* shared) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
-  if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  float out = 0;
-  for (int w = 0; w < kWarps; ++w) out += shared[w];
   return out;
 }
 
@@ -127,46 +116,134 @@ __device__ void sort_descending(uint64_t* v, int p) {
   }
 }
 
-// One block per row: ops/sampling.cpp's summarize, pass by pass over the row (which
-// stays in L2 between passes).
+// --- A row's maximum and normalizers, in chunks --------------------------------------
+//
+// One block reading a 129K-token row once for its maximum and again for the sums of exp
+// is two chains of round trips (30 us a row on an H200). Instead a block of
+// kChunkThreads takes each kChunk logits of the row, every load in flight at once, and
+// leaves the chunk's best token and its sums relative to the chunk's own maximum m_c;
+// the row's block then takes the best of the bests (exact: the ranked order is total)
+// and adds sum_c · exp(m_c − m) in chunk order. The chunks follow from the vocabulary
+// alone, so a row's bits do not depend on its batch.
+constexpr int kChunkThreads = 256, kPerThread = 16, kChunk = kChunkThreads * kPerThread;
+
+struct ChunkTotals {
+  uint64_t top;      // the chunk's best, ranked
+  float sum, sum_t;  // Σ exp(v − m_c) and (temperature t > 0) Σ exp((v − m_c) / t)
+};
+
+__host__ __device__ int chunk_count(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) / kChunk); }
+
+// A warp's reductions; every lane gets the result, combined in the same order every time.
+__device__ uint64_t warp_max(uint64_t v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+__device__ float warp_sum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Block (row, chunk): that chunk's totals into chunks[row · gridDim.y + chunk].
+__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const float* logits, int vocab, const SummaryTask* tasks,
+                                                             ChunkTotals* chunks) {
+  constexpr int kChunkWarps = kChunkThreads / kWarp;
+  __shared__ uint64_t tops[kChunkWarps];
+  __shared__ float sums[2][kChunkWarps];
+  const float* x = logits + int64_t{blockIdx.x} * vocab;
+  const int first = static_cast<int>(blockIdx.y) * kChunk + static_cast<int>(threadIdx.x);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float v[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = first + j * kChunkThreads;
+    v[j] = i < vocab ? x[i] : 0.0f;
+  }
+  uint64_t top = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = first + j * kChunkThreads;
+    if (i < vocab) top = max(top, ranked(order_key(v[j]), i));
+  }
+  top = warp_max(top);
+  if (lane == 0) tops[warp] = top;
+  __syncthreads();
+  for (int w = 0; w < kChunkWarps; ++w) top = max(top, tops[w]);
+  const float m = x[token_of(top)], t = tasks[blockIdx.x].temperature;
+
+  // A chunk of -inf adds nothing to a row with a finite maximum (exp(-inf − m) = 0).
+  float sum = 0, sum_t = 0;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if (first + j * kChunkThreads >= vocab) break;
+      sum += expf(v[j] - m);
+      if (t > 0.0f) sum_t += expf((v[j] - m) / t);
+    }
+  }
+  sum = warp_sum(sum), sum_t = warp_sum(sum_t);
+  if (lane == 0) sums[0][warp] = sum, sums[1][warp] = sum_t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sum = 0, sum_t = 0;
+    for (int w = 0; w < kChunkWarps; ++w) sum += sums[0][w], sum_t += sums[1][w];
+    chunks[int64_t{blockIdx.x} * gridDim.y + blockIdx.y] = {top, sum, sum_t};
+  }
+}
+
+// The row's best (ranked) and its sums from its chunks' (warp 0; the others wait).
+struct Combined {
+  uint64_t top;
+  float sum, sum_t;
+};
+__device__ Combined combine_chunks(const float* x, const ChunkTotals* row_chunks, int count, float t,
+                                   Combined* shared) {
+  if (threadIdx.x < kWarp) {
+    const int lane = threadIdx.x;
+    uint64_t top = 0;
+    for (int c = lane; c < count; c += kWarp) top = max(top, row_chunks[c].top);
+    top = warp_max(top);
+    const float m = x[token_of(top)];
+    float sum = 0, sum_t = 0;
+    for (int c = lane; c < count; c += kWarp) {
+      const ChunkTotals chunk = row_chunks[c];
+      const float m_c = x[token_of(chunk.top)];
+      sum += chunk.sum * expf(m_c - m);
+      if (t > 0.0f) sum_t += chunk.sum_t * expf((m_c - m) / t);
+    }
+    sum = warp_sum(sum), sum_t = warp_sum(sum_t);
+    if (lane == 0) *shared = {top, sum, sum_t};
+  }
+  __syncthreads();
+  return *shared;
+}
+
+// One block per row: ops/sampling.cpp's summarize from the row's chunk totals, then pass
+// by pass over the row (which stays in L2 between passes) for what else its task asks.
 __global__ void __launch_bounds__(kThreads) summarize_kernel(const float* logits, int vocab, const SummaryTask* tasks,
-                                                            int stride, RowTotals* totals, int32_t* ids, float* values) {
+                                                            const ChunkTotals* chunks, int stride, RowTotals* totals,
+                                                            int32_t* ids, float* values) {
   __shared__ uint64_t max_scratch[kWarps];
-  __shared__ float sum_scratch[kWarps];
   __shared__ int scan_scratch[kWarps];
   __shared__ int hist[256];
   __shared__ int found[2];
   __shared__ int greater;
   __shared__ uint64_t best[kMaxCandidates];
+  __shared__ Combined combined;
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
   const SummaryTask task = tasks[row];
   const float t = task.temperature;
 
-  // The passes over the row are unrolled so that a thread's loads go out together (a
-  // row is 127 loads per thread at a 129K vocabulary, one round trip each when issued
-  // one at a time); each sum still adds its values in order.
-  uint64_t top = 0;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < vocab; i += kThreads) top = max(top, ranked(order_key(x[i]), i));
-  top = block_max(top, max_scratch);
-  const int32_t top_token = token_of(top);
-  const float m = x[top_token];
-
-  float sum = 0, sum_t = 0;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = x[i];
-    sum += expf(v - m);
-    if (t > 0.0f) sum_t += expf((v - m) / t);
-  }
-  sum = block_sum(sum, sum_scratch);
-  sum_t = block_sum(sum_t, sum_scratch);
+  const int count_chunks = chunk_count(vocab);
+  const Combined c = combine_chunks(x, chunks + row * count_chunks, count_chunks, t, &combined);
+  const uint64_t top = c.top;
+  const float m = x[token_of(top)], sum = c.sum, sum_t = c.sum_t;
 
   int32_t pick = -1;
   if (task.whole_pick) {
     uint64_t b = 0;
-#pragma unroll 8
+#pragma unroll 8  // a thread's loads go out together (a 129K row is 127 per thread)
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
       const float k = (x[i] - m) / t;
       if (k >= task.log_min_p) b = max(b, ranked(order_key(k + gumbel_noise(task.seed, task.draw, i)), i));
@@ -216,16 +293,25 @@ __global__ void __launch_bounds__(kThreads) summarize_kernel(const float* logits
 
 }  // namespace
 
+size_t summary_scratch_bytes(int64_t rows, int64_t vocab) {
+  return static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max(chunk_count(vocab), 0)) * sizeof(ChunkTotals);
+}
+
 void summarize_rows(const float* logits, int64_t rows, int64_t vocab, const SummaryTask* tasks, int stride,
-                    RowTotals* totals, int32_t* ids, float* values, void* stream) {
+                    RowTotals* totals, int32_t* ids, float* values, void* scratch, void* stream) {
   if (rows <= 0) return;
   if (vocab <= 0 || vocab > 0x7fffffff) throw std::runtime_error("cuda::summarize_rows: bad vocabulary size");
   if (rows > 0x7fffffff) throw std::runtime_error("cuda::summarize_rows: too many rows");
   if (stride < 1 || stride > kMaxCandidates) {
     throw std::runtime_error("cuda::summarize_rows: stride must be in 1.." + std::to_string(kMaxCandidates));
   }
-  summarize_kernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      logits, static_cast<int>(vocab), tasks, stride, totals, ids, values);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto* chunks = static_cast<ChunkTotals*>(scratch);
+  chunk_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunk_count(vocab))), kChunkThreads, 0, s>>>(
+      logits, static_cast<int>(vocab), tasks, chunks);
+  check(cudaGetLastError(), "summarize_rows launch");
+  summarize_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, static_cast<int>(vocab), tasks, chunks,
+                                                                    stride, totals, ids, values);
   check(cudaGetLastError(), "summarize_rows launch");
 }
 
@@ -247,8 +333,8 @@ void register_sampling(Registry& registry) {
                .archs = ArchSet::gpus_from(Arch::sm_80),
                .activations = {Activation::f32},
                .priority = 1,
-               .summary = "one block per row: the best candidates by radix select and bitonic sort, the normalizers, "
-                          "the Gumbel-max pick; only the summary is copied back"};
+               .summary = "blocks of 4096 logits for each row's maximum and normalizers, then one block per row: the best "
+                          "candidates by radix select and bitonic sort, the Gumbel-max pick; only the summary is copied back"};
   registry.add(std::move(k.with_entry(&summarize_rows)));
 }
 

@@ -4,6 +4,7 @@
 // ops/sampling.h token for token (tests/gpu/test_sampling_cuda.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ops/sampling.h"
@@ -20,9 +21,11 @@ struct RowTotals {
 // Summarizes `rows` rows of `vocab` logits (device memory, row-major), row r with
 // tasks[r] (device memory; candidates 1..kMaxCandidates, at most `stride`). Writes
 // totals[r] and the candidates to ids and values at [r · stride, r · stride + count).
+// `scratch`: summary_scratch_bytes(rows, vocab) of device memory, 16-byte aligned.
 // Asynchronous on `stream`.
 void summarize_rows(const float* logits, int64_t rows, int64_t vocab, const SummaryTask* tasks, int stride,
-                    RowTotals* totals, int32_t* ids, float* values, void* stream = nullptr);
+                    RowTotals* totals, int32_t* ids, float* values, void* scratch, void* stream = nullptr);
+size_t summary_scratch_bytes(int64_t rows, int64_t vocab);
 
 // The host's summary of row r from the copied-back arrays.
 RowSummary row_summary(const RowTotals& totals, const int32_t* ids, const float* values, int64_t vocab);
