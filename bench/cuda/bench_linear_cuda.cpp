@@ -1,7 +1,8 @@
 // The CUDA matrix kernels per stored format on DeepSeek-V4-Flash shapes, next to the
 // device copy bandwidth measured in the same run (cudaMemcpy device to device: bytes
 // read + bytes written per second), one row per case and kernel (gemv: linear(), the
-// CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel); then one token's
+// CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel) with the floor of its size
+// (read_floor.h: one kernel reading the weight's bytes and nothing else); then one token's
 // projections of one x as a Flash layer makes them, one by one and as one group
 // (linear_mma_group); then FP8 and MXFP4 shapes
 // at 1, 8, 64, 256 and 4096 tokens per call (FP8 also by w8a8: linear_w8a8, FP8
@@ -31,6 +32,7 @@
 #include "cuda/indexer.h"
 #include "cuda/linear.h"
 #include "model/owned_weight.h"
+#include "read_floor.h"
 
 namespace {
 
@@ -64,6 +66,18 @@ std::vector<float> normal(size_t n) {
   return v;
 }
 
+// Bits a stored value's code takes (scales aside).
+size_t code_bits(keel::WeightFormat format) {
+  switch (format) {
+    case keel::WeightFormat::f32: return 32;
+    case keel::WeightFormat::bf16: return 16;
+    case keel::WeightFormat::fp8_block: return 8;
+    case keel::WeightFormat::mxfp4:
+    case keel::WeightFormat::nvfp4: return 4;
+  }
+  return 0;
+}
+
 // The kernels compared, with the name their rows carry.
 struct Kernel {
   const char* name;
@@ -91,8 +105,8 @@ int main(int argc, char** argv) {
   cudaFree(b);
   fmt::print("device: {} (sm_{}{}), copy bandwidth {:.0f} GB/s (read + write, {} GiB)\n", prop.name, prop.major,
              prop.minor, copy_bw / 1e9, copy_bytes >> 30);
-  fmt::print("{:<28} {:>6} {:>12} {:>10} {:>10} {:>8}\n", "case (out x in, format)", "kernel", "weight MiB", "us",
-             "GB/s", "of copy");
+  fmt::print("{:<28} {:>6} {:>12} {:>10} {:>10} {:>8} {:>10} {:>8}\n", "case (out x in, format)", "kernel",
+             "weight MiB", "us", "GB/s", "of copy", "floor us", "of floor");
 
   struct Case {
     const char* name;
@@ -122,14 +136,26 @@ int main(int argc, char** argv) {
     check(cudaMalloc(reinterpret_cast<void**>(&x), c.in * sizeof(float)));
     check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
     check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // The floor: a plain kernel reading the copies' codes in turn, its time scaled up to
+    // their bytes with the scales (a few percent more).
+    std::vector<const void*> codes;
+    for (const keel::cuda::DeviceWeight& w : copies) codes.push_back(w.data);
+    const size_t code_bytes = size_t(c.out * c.in) * code_bits(c.format) / 8;
+    double floor = 1e30;  // the best of a few grid sizes
+    for (const int per_multiprocessor : {2, 4, 8}) {
+      size_t next = 0;
+      floor = std::min(floor, seconds([&] { stream_read(codes[next++ % codes.size()], code_bytes, per_multiprocessor); },
+                                      iters));
+    }
+    floor *= static_cast<double>(copies[0].bytes) / code_bytes;
     const auto row = [&](const char* name, const Kernel& k) {
       size_t next = 0;
       const double s = seconds([&] { k.run(copies[next++ % copies.size()], x, y, 1, nullptr); }, iters);
       check(cudaDeviceSynchronize());
       const double bw = copies[0].bytes / s;
-      fmt::print("{:<28} {:>6} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}%\n",
+      fmt::print("{:<28} {:>6} {:>12.1f} {:>10.1f} {:>10.0f} {:>7.1f}% {:>10.1f} {:>7.1f}%\n",
                  fmt::format("{} ({}x{})", c.name, c.out, c.in), name, copies[0].bytes / 1048576.0, s * 1e6, bw / 1e9,
-                 100 * bw / copy_bw);
+                 100 * bw / copy_bw, floor * 1e6, 100 * floor / s);
     };
     for (const Kernel& k : kKernels) row(k.name, k);
     for (keel::cuda::DeviceWeight& w : copies) keel::cuda::release(w);
