@@ -66,18 +66,6 @@ std::vector<float> normal(size_t n) {
   return v;
 }
 
-// Bits a stored value's code takes (scales aside).
-size_t code_bits(keel::WeightFormat format) {
-  switch (format) {
-    case keel::WeightFormat::f32: return 32;
-    case keel::WeightFormat::bf16: return 16;
-    case keel::WeightFormat::fp8_block: return 8;
-    case keel::WeightFormat::mxfp4:
-    case keel::WeightFormat::nvfp4: return 4;
-  }
-  return 0;
-}
-
 // The kernels compared, with the name their rows carry.
 struct Kernel {
   const char* name;
@@ -140,7 +128,7 @@ int main(int argc, char** argv) {
     // their bytes with the scales (a few percent more).
     std::vector<const void*> codes;
     for (const keel::cuda::DeviceWeight& w : copies) codes.push_back(w.data);
-    const size_t code_bytes = size_t(c.out * c.in) * code_bits(c.format) / 8;
+    const size_t code_bytes = host.weight().data.nbytes();
     double floor = 1e30;  // the best of a few grid sizes
     for (const int per_multiprocessor : {2, 4, 8}) {
       size_t next = 0;
