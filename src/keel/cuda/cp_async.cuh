@@ -14,6 +14,13 @@ __device__ __forceinline__ void cp_async16(void* shared, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
                "l"(global));
 }
+// The same, fetching the 256 bytes around it into L2 (the next lanes' or steps' chunks of
+// a weight row read once).
+__device__ __forceinline__ void cp_async16_l2_256(void* shared, const void* global) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(shared))),
+               "l"(global));
+}
 // 4 bytes, both addresses 4-byte aligned (.ca: the only cache mode for fewer than 16).
 __device__ __forceinline__ void cp_async4(void* shared, const void* global) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(shared))),

@@ -253,6 +253,17 @@ struct LaneRows {
       }
     }
   }
+  // The scale bits alone of the step at k (the chunks come through the ring).
+  __device__ void load_bits(int64_t k, uint32_t (&bits)[R][2]) const {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) bits[i][h] = Fmt::scale_bits(scales[i][h], k);
+    }
+  }
+  // The chunks of the step at k into this lane's slots for step s of `ring` (the ring
+  // below), as one group of cp.async copies.
+  __device__ void copy(int64_t k, uint4* ring, int s) const;
   // FP8: the block scales of the 128-k block at k.
   __device__ void block_scales(const DeviceWeight& w, int64_t k, float (&scale)[R][2]) const {
 #pragma unroll
@@ -262,6 +273,38 @@ struct LaneRows {
     }
   }
 };
+
+// --- One-token tiles: weight chunks through a ring in shared memory ----------------------
+//
+// A few-token tile's step is short, so its weights must be asked for well before it: a
+// lane copies its own chunks of the next steps into its slots of a ring in shared memory
+// (cp.async: nothing waits in registers), the first kRing - 1 steps before
+// wait_for_inputs, so that a block started early (programmatic dependent launch) loads
+// its weights while the kernel before it still runs. Each lane reads back only what it
+// copied: its own wait_group orders the two, with no barrier. (tools/probes: chains of
+// dependent 32 MiB reads reached 88-91% of the copy bandwidth with weights loaded into
+// shared memory before the wait, 2.7 TB/s with loads one step ahead after it.)
+constexpr int kRing = 4;  // steps a warp has asked for: the one it computes and 3 ahead
+
+template <int R>
+constexpr int64_t kRingBytes = int64_t{kRing} * R * 2 * int64_t{sizeof(uint4)} * kThreads;
+
+// This lane's slot for chunk (i, h) of step s (kRing a power of two).
+template <int R>
+__device__ __forceinline__ uint4* ring_slot(uint4* ring, int s, int i, int h) {
+  static_assert((kRing & (kRing - 1)) == 0);
+  return ring + ((s & (kRing - 1)) * (R * 2) + i * 2 + h) * kThreads + threadIdx.x;
+}
+
+template <WeightFormat F, int R>
+__device__ __forceinline__ void LaneRows<F, R>::copy(int64_t k, uint4* ring, int s) const {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) cp_async16_l2_256(ring_slot<R>(ring, s, i, h), src[i][h] + k / kStep<F> * 64);
+  }
+  cp_async_commit();
+}
 
 // The multipliers of a step's chunks; true if any lane of the warp needs MXFP4's second one.
 template <WeightFormat F, int R>
@@ -363,9 +406,49 @@ __device__ __forceinline__ float (&tile_shares())[kWarps][R * C * 4][kWarp] {
   return shares;
 }
 
-// What a launch may take without opting in (48 KiB in all) past its few-token tile's
-// shares.
-constexpr int64_t kSplitXBytes = 48 * 1024 - kWarps * 2 * 4 * kWarp * int64_t{sizeof(float)};
+// The few-token tile's shares (R = 2, C = 1) and the most its split x may take: what a
+// launch took without opting in (48 KiB in all) past the shares, before the ring.
+constexpr int64_t kSharesBytes = kWarps * 2 * 4 * kWarp * int64_t{sizeof(float)};
+constexpr int64_t kSplitXBytes = 48 * 1024 - kSharesBytes;
+
+// The shared memory a few-token launch (R = 2, C = 1) may take per block on this device:
+// half a multiprocessor's, so that two blocks fit (one of the kernel after it, started
+// early, beside one of this), or where the ring does not fit that way (GPUs with about
+// 100 KiB per multiprocessor), all that one block may opt into.
+int64_t few_token_shared_budget() {
+  static int64_t budget[64] = {};  // per device, read once (a benign race: the same value)
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  int64_t& b = budget[device % 64];
+  if (b == 0) {
+    int per_multiprocessor = 0, per_block = 0;
+    check(cudaDeviceGetAttribute(&per_multiprocessor, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          "cudaDeviceGetAttribute");
+    const int64_t half = std::min<int64_t>(per_block, per_multiprocessor / 2 - 1024);  // 1 KiB a block is the system's
+    b = half >= kRingBytes<2> + kSharesBytes + 16 * 1024 ? half : per_block;
+  }
+  return b;
+}
+
+// What a few-token launch's split x may take here (after its ring and shares).
+int64_t split_x_cap() { return std::min(kSplitXBytes, few_token_shared_budget() - kRingBytes<2> - kSharesBytes); }
+
+// A few-token kernel's dynamic shared memory may pass 48 KiB: it opts in, once per
+// device, to its ring and the largest split x.
+template <auto kKernel>
+void allow_ring() {
+  static std::atomic<uint64_t> devices{0};  // a bit per device done
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if (devices.load() & bit) return;
+  check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kRingBytes<2> + split_x_cap())),
+        "cudaFuncSetAttribute");
+  devices.fetch_or(bit);
+}
 
 // Words a row of split x takes: a chunk's V words and 4 of padding, and with several
 // rows, up to 16 modulo 32.
@@ -379,7 +462,7 @@ __host__ __device__ constexpr int64_t split_x_words(int64_t in, int64_t rows) {
 template <WeightFormat F>
 int64_t split_x_bytes(int64_t in, int64_t count) {
   const int64_t bytes = count * split_x_words<F>(in, count) * int64_t{sizeof(uint32_t)};
-  return bytes <= kSplitXBytes ? bytes : 0;
+  return bytes <= split_x_cap() ? bytes : 0;
 }
 
 // The block's threads split the columns' rows of x into `to`, a lane chunk each at a time.
@@ -431,7 +514,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   // This lane's rows (g and g+8 of each tile) and where its token of each column group
   // starts (its chunk of the step at k = 0).
   const LaneRows<F, R> rows(w, row0, g, t);
-  extern __shared__ __align__(16) float split_x_rows[];
+  // Dynamic shared memory: the few-token tile's ring (C = 1), then split x (kSplitX).
+  constexpr bool kRingOf = C == 1;
+  extern __shared__ __align__(16) float dynamic_shared[];
+  auto* ring = reinterpret_cast<uint4*>(dynamic_shared);
+  float* split_x_rows = dynamic_shared + (kRingOf ? kRingBytes<R> / int64_t{sizeof(float)} : 0);
   const float* xt[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -443,25 +530,48 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   float sum[R][C][4] = {};  // the MMAs' accumulators (FP8: of the current 128-k block)
   float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
 
-  // With one column group, the weight chunks (and scale bytes) of the next step load
-  // while this one computes: a step is short. More groups make it long enough (and need
-  // the registers).
-  constexpr bool kPrefetch = C == 1;
+  // With one column group the weight chunks come through the ring, kRing - 1 steps ahead
+  // (the first before the wait: weights are never written by a kernel), and the scale
+  // bits of the next step load while this one computes: a step is short. More groups
+  // make it long enough (and need the registers).
+  const int steps = static_cast<int>((k_end - k_begin) / K);  // shares are whole 128-k units, K divides 128
   uint4 raw[R][2];
   uint32_t bits[R][2];
-  if (kPrefetch && k_begin < k_end) rows.load(k_begin, raw, bits);
-  wait_for_inputs();  // the first weights (never written by a kernel) may load before
+  if constexpr (kRingOf) {
+#pragma unroll
+    for (int s = 0; s < kRing - 1; ++s) {
+      if (s < steps) {
+        rows.copy(k_begin + s * K, ring, s);
+      } else {
+        cp_async_commit();  // an empty group: one group a step keeps wait_group's count
+      }
+    }
+    if (steps > 0) rows.load_bits(k_begin, bits);
+  }
+  wait_for_inputs();
   let_next_start();
   if constexpr (kSplitX) {  // while the first chunks load
     split_x<F>(cols, w.in, split_x_rows);
     __syncthreads();
   }
   float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
-  for (int64_t k = k_begin; k < k_end; k += K) {
-    uint4 next[R][2];
+  int step = 0;
+  for (int64_t k = k_begin; k < k_end; k += K, ++step) {
     uint32_t next_bits[R][2];
-    if constexpr (kPrefetch) {
-      rows.load(min(k + K, k_end - K), next, next_bits);  // the last step loads itself again
+    if constexpr (kRingOf) {
+      // Step + kRing - 1 into the slots step - 1 read (their values are used: its MMAs ran).
+      if (const int ahead = step + kRing - 1; ahead < steps) {
+        rows.copy(k + (kRing - 1) * K, ring, ahead);
+      } else {
+        cp_async_commit();
+      }
+      rows.load_bits(min(k + K, k_end - K), next_bits);  // the last step loads its own again
+      cp_async_wait<kRing - 1>();  // this step's group is in
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw[i][h] = *ring_slot<R>(ring, step, i, h);
+      }
     } else {
       rows.load(k, raw, bits);
     }
@@ -482,11 +592,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     if constexpr (kFp8) {
       if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
     }
-    if constexpr (kPrefetch) {
+    if constexpr (kRingOf) {
 #pragma unroll
       for (int i = 0; i < R; ++i) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) raw[i][h] = next[i][h], bits[i][h] = next_bits[i][h];
+        for (int h = 0; h < 2; ++h) bits[i][h] = next_bits[i][h];
       }
     }
   }
@@ -701,11 +811,14 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
                                0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(w.in, tokens); x_bytes > 0) {  // tokens ≤ 8
+    allow_ring<mma_linear<F, R, C, false, true>>();
     return overlapped_launch("linear_mma launch", mma_linear<F, R, C, false, true>, static_cast<unsigned>(blocks),
-                             kThreads, x_bytes, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
+                             kThreads, kRingBytes<R> + x_bytes, stream, w, x, y, tokens, split,
+                             static_cast<unsigned>(passes));
   }
-  overlapped_launch("linear_mma launch", mma_linear<F, R, C>, static_cast<unsigned>(blocks), kThreads, 0, stream, w, x,
-                    y, tokens, split, static_cast<unsigned>(passes));
+  if constexpr (C == 1) allow_ring<mma_linear<F, R, C>>();
+  overlapped_launch("linear_mma launch", mma_linear<F, R, C>, static_cast<unsigned>(blocks), kThreads,
+                    C == 1 ? kRingBytes<R> : 0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
 }
 
 template <WeightFormat F>
@@ -774,9 +887,11 @@ void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cu
     }
     x_bytes = std::max(x_bytes, bytes);
   }
+  allow_ring<mma_group<true>>();
+  allow_ring<mma_group<false>>();
   const auto kernel = x_bytes > 0 ? mma_group<true> : mma_group<false>;
-  overlapped_launch("linear_mma_group launch", kernel, static_cast<unsigned>(blocks), kThreads, x_bytes, stream, g, x,
-                    static_cast<int>(tokens));
+  overlapped_launch("linear_mma_group launch", kernel, static_cast<unsigned>(blocks), kThreads,
+                    kRingBytes<2> + x_bytes, stream, g, x, static_cast<int>(tokens));
   g.count = 0;
 }
 
@@ -828,12 +943,15 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(like.in, kGrouped ? std::min<int64_t>(pairs, kTile) : 1);
              x_bytes > 0) {  // a group's pairs (at most 8, one ungrouped), each with its row of x
+    allow_ring<mma_pairs<F, R, C, kGrouped, false, true>>();
     return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped, false, true>, grid, kThreads,
-                             x_bytes, stream, t.first, t.second, like, experts, order, groups, count, per_row, x, t.y,
-                             t.second_y, split);
+                             kRingBytes<R> + x_bytes, stream, t.first, t.second, like, experts, order, groups, count,
+                             per_row, x, t.y, t.second_y, split);
   }
-  overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads, 0, stream, t.first,
-                    t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
+  if constexpr (C == 1) allow_ring<mma_pairs<F, R, C, kGrouped>>();
+  overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads,
+                    C == 1 ? kRingBytes<R> : 0, stream, t.first, t.second, like, experts, order, groups, count, per_row,
+                    x, t.y, t.second_y, split);
 }
 
 // The tile as linear_mma picks it by tokens per call, here by pairs per table entry on
