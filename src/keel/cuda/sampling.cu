@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/row_chunks.cuh"
 #include "ops/sampling_noise.h"
 
 namespace keel::cuda {
@@ -28,9 +29,19 @@ __device__ uint64_t ranked(uint32_t key, int32_t token) {
 }
 __device__ int32_t token_of(uint64_t r) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(r)); }
 
+// A warp's reductions; every lane gets the result, combined in the same order every time.
+__device__ uint64_t warp_max(uint64_t v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+__device__ float warp_sum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 // A block-wide maximum (kThreads threads); every thread gets the result.
 __device__ uint64_t block_max(uint64_t v, uint64_t* shared) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  v = warp_max(v);
   __syncthreads();  // the previous use of `shared` is over
   if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = v;
   __syncthreads();
@@ -134,16 +145,6 @@ struct ChunkTotals {
 
 __host__ __device__ int chunk_count(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) / kChunk); }
 
-// A warp's reductions; every lane gets the result, combined in the same order every time.
-__device__ uint64_t warp_max(uint64_t v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-__device__ float warp_sum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // Block (row, chunk): that chunk's totals into chunks[row · gridDim.y + chunk].
 __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const float* logits, int vocab, const SummaryTask* tasks,
                                                              ChunkTotals* chunks) {
@@ -181,23 +182,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const float* logit
       if (t > 0.0f) sum_t += expf((v[j] - m) / t);
     }
   }
-  sum = warp_sum(sum), sum_t = warp_sum(sum_t);
-  if (lane == 0) sums[0][warp] = sum, sums[1][warp] = sum_t;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    sum = 0, sum_t = 0;
-    for (int w = 0; w < kChunkWarps; ++w) sum += sums[0][w], sum_t += sums[1][w];
-    chunks[int64_t{blockIdx.x} * gridDim.y + blockIdx.y] = {top, sum, sum_t};
-  }
+  sum = warps_sum(sum, sums[0], kChunkWarps), sum_t = warps_sum(sum_t, sums[1], kChunkWarps);
+  if (threadIdx.x == 0) chunks[int64_t{blockIdx.x} * gridDim.y + blockIdx.y] = {top, sum, sum_t};
 }
 
-// The row's best (ranked) and its sums from its chunks' (warp 0; the others wait).
-struct Combined {
-  uint64_t top;
-  float sum, sum_t;
-};
-__device__ Combined combine_chunks(const float* x, const ChunkTotals* row_chunks, int count, float t,
-                                   Combined* shared) {
+// The row's best (ranked) and its sums, relative to its maximum, from its chunks' (warp
+// 0; the others wait).
+__device__ ChunkTotals combine_chunks(const float* x, const ChunkTotals* row_chunks, int count, float t,
+                                      ChunkTotals* shared) {
   if (threadIdx.x < kWarp) {
     const int lane = threadIdx.x;
     uint64_t top = 0;
@@ -229,14 +221,14 @@ __global__ void __launch_bounds__(kThreads) summarize_kernel(const float* logits
   __shared__ int found[2];
   __shared__ int greater;
   __shared__ uint64_t best[kMaxCandidates];
-  __shared__ Combined combined;
+  __shared__ ChunkTotals combined;
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
   const SummaryTask task = tasks[row];
   const float t = task.temperature;
 
   const int count_chunks = chunk_count(vocab);
-  const Combined c = combine_chunks(x, chunks + row * count_chunks, count_chunks, t, &combined);
+  const ChunkTotals c = combine_chunks(x, chunks + row * count_chunks, count_chunks, t, &combined);
   const uint64_t top = c.top;
   const float m = x[token_of(top)], sum = c.sum, sum_t = c.sum_t;
 
