@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <span>
@@ -50,6 +51,35 @@ TEST(CudaMoe, ClampedSwigluMatchesCpuReference) {
     cudaFree(dgate);
     cudaFree(dup);
   }
+}
+
+// Two pieces in one launch (a layer's routed pairs and its shared expert), of sizes that
+// do not end on a block: each comes out bit for bit as clamped_swiglu gives it alone, and
+// the floats between them (a poisoned gap in the same buffer) are left alone.
+TEST(CudaMoe, ClampedSwigluPiecesMatchEachAlone) {
+  constexpr float kLimit = 7.0f;
+  const int64_t first = 6 * 2048 + 3, second = 2048 + 200, gap = 5;
+  const std::vector<float> gate = random_normal(first + gap + second, 23, 10.0f);
+  const std::vector<float> up = random_normal(first + gap + second, 24, 10.0f);
+  float* alone = device_copy(gate);
+  float* up_alone = device_copy(up);
+  clamped_swiglu(alone, up_alone, first, kLimit);
+  clamped_swiglu(alone + first + gap, up_alone + first + gap, second, kLimit);
+  std::vector<float> poisoned = gate;
+  std::fill_n(poisoned.begin() + first, gap, std::nanf(""));
+  float* both = device_copy(poisoned);
+  float* up_both = device_copy(up);
+  const SwigluPiece pieces[] = {{both, up_both, first}, {both + first + gap, up_both + first + gap, second}};
+  clamped_swiglu(pieces, kLimit);
+  const std::vector<float> want = host_copy(alone, gate.size()), got = host_copy(both, gate.size());
+  for (int64_t i = 0; i < first + gap + second; ++i) {
+    if (i >= first && i < first + gap) {
+      ASSERT_TRUE(std::isnan(got[i])) << "gap float " << i << " was written";
+    } else {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << "at " << i << ": " << got[i] << " vs " << want[i];
+    }
+  }
+  for (float* p : {alone, up_alone, both, up_both}) cudaFree(p);
 }
 
 TEST(CudaMoe, CombinePairsMatchesPlainLoop) {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -181,6 +182,42 @@ TEST(CudaRope, NormRopeMatchesCpuNormThenRope) {
     }
     release(r);
   }
+}
+
+// Pieces in one call, as an attention site passes its q heads (unweighted) and its kv
+// row (weighted): bit for bit each piece as norm_rope gives it alone. Once with both in
+// the one launch, once with the kv row one float off float4 alignment, so that it takes
+// the two-kernel path beside the launch.
+TEST(CudaRope, NormRopePiecesMatchEachAlone) {
+  const int64_t tokens = 3;
+  const int heads = 64, head_dim = 512;
+  const Rope host(rope_config(64, true));
+  DeviceRope r = upload(host);
+  const std::vector<float> q = random_normal(tokens * heads * head_dim, 53, 3.0f);
+  const std::vector<float> kv = random_normal(tokens * head_dim + 1, 54, 3.0f);
+  const std::vector<float> weight = random_normal(head_dim, 55);
+  const float eps = 1e-6f;
+  for (const int64_t kv_offset : {0, 1}) {
+    DeviceScope scope;
+    const int64_t* positions = scope.copy(test_positions(tokens));
+    const float* w = scope.copy(weight);
+    float *q_alone = scope.copy(q), *kv_alone = scope.copy(kv) + kv_offset;
+    norm_rope(r, q_alone, tokens, heads, head_dim, nullptr, eps, positions);
+    norm_rope(r, kv_alone, tokens, 1, head_dim, w, eps, positions);
+    float *q_both = scope.copy(q), *kv_both = scope.copy(kv) + kv_offset;
+    const NormRopePiece pieces[] = {{q_both, heads, nullptr}, {kv_both, 1, w}};
+    norm_rope(r, pieces, tokens, head_dim, eps, positions);
+    const auto same = [&](const float* a, const float* b, size_t n, const char* what) {
+      const std::vector<float> x = host_copy(a, n), y = host_copy(b, n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(&x[i], &y[i], sizeof(float)), 0)
+            << what << " (kv offset " << kv_offset << ") at " << i << ": " << x[i] << " vs " << y[i];
+      }
+    };
+    same(q_alone, q_both, q.size(), "q");
+    same(kv_alone, kv_both, tokens * head_dim, "kv");
+  }
+  release(r);
 }
 
 TEST(CudaRope, RefusesOddOrOversizedRopeDim) {

@@ -634,8 +634,8 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
   if (L.index_compressor) of_qr.push_back({&L.index_wq_b, &ws.index_q});
   s.project_all(of_qr, qr);
   // Each q head's unweighted norm and kv's norm, each with its rotation, in one launch.
-  norm_rope(s.rope, ws.q.data(), S, static_cast<int>(H), static_cast<int>(hd), nullptr, s.eps(), positions, s.stream);
-  norm_rope(s.rope, ws.kv.data(), S, 1, static_cast<int>(hd), L.kv_norm.data(), s.eps(), positions, s.stream);
+  const NormRopePiece heads_and_kv[] = {{ws.q.data(), static_cast<int>(H), nullptr}, {ws.kv.data(), 1, L.kv_norm.data()}};
+  norm_rope(s.rope, heads_and_kv, S, static_cast<int>(hd), s.eps(), positions, s.stream);
   // o is written by the core and read by the output projections: sized here, with the
   // other buffers both sides use.
   grow(ws.o, S * H * hd);
@@ -807,9 +807,10 @@ void attention_output(const Step& s, const GpuModel::Layer& L, float* y) {
 
 // --- MoE (§6) --------------------------------------------------------------------------------
 
-// h = clamped_swiglu(gate(x), up(x)) into `g` ([rows, I]), `up` as scratch.
-void swiglu_limit(const Step& s, float* g, const float* up, int64_t n) {
-  clamped_swiglu(g, up, n, static_cast<float>(s.c.swiglu_limit), s.stream);
+// h = clamped_swiglu(gate(x), up(x)) into each piece's gate ([rows, I]), its up as
+// scratch: the layer's routed pairs and shared expert in one launch.
+void swiglu_limit(const Step& s, std::span<const SwigluPiece> pieces) {
+  clamped_swiglu(pieces, static_cast<float>(s.c.swiglu_limit), s.stream);
 }
 
 // The MoE's output before its weighted sum: a row per (token, routed expert) pair, the
@@ -842,6 +843,8 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
 
   s.mark("moe: routed experts");
   float* y = grow(ws.expert_out, pairs * D);
+  std::vector<SwigluPiece> swiglus;  // the shared expert's gate and up are ready
+  if (shared_here) swiglus.push_back({ws.shared_g.data(), ws.shared_up.data(), S * L.shared.w1.w.out});
   if (L.holds_any) {
     const int64_t I = L.like.w1.w.out;
     float* g = grow(ws.g, pairs * I);
@@ -866,19 +869,18 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
       pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
       pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
     }
-    swiglu_limit(s, g, up, pairs * I);
+    swiglus.push_back({g, up, pairs * I});
+    swiglu_limit(s, swiglus);
     pairs_through(L.w2s, L.like.w2, 1, g, y);
   } else {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
+    swiglu_limit(s, swiglus);
   }
   s.mark("moe: shared expert's down");
   const float* shared = nullptr;
   if (shared_here) {
-    const int64_t I = L.shared.w1.w.out;
-    float* g = ws.shared_g.data();
     float* ys = grow(ws.shared_out, S * D);
-    swiglu_limit(s, g, ws.shared_up.data(), S * I);
-    s.linear(L.shared.w2, g, ys, S);
+    s.linear(L.shared.w2, ws.shared_g.data(), ys, S);
     shared = ys;
   }
   return {y, weights, shared};

@@ -15,12 +15,27 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;  // a million threads fill any GPU; past that each loops
 
+// The pieces of one launch: piece p covers floats [first[p], first[p + 1]) of the launch.
+struct SwigluLaunch {
+  SwigluPiece piece[kMaxSwigluPieces];
+  int64_t first[kMaxSwigluPieces + 1];
+  int count;
+  float limit;
+};
+
 // The CPU's expression in its order; std::min and std::clamp spelled out so that a NaN
 // gate or up goes through as it does there (fminf would drop it).
-__global__ void swiglu(float* gate, const float* __restrict__ up, int64_t count, float limit) {
+__global__ void swiglu(const __grid_constant__ SwigluLaunch a) {
   wait_for_inputs();
   let_next_start();
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+  const float limit = a.limit;
+  for (int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; n < a.first[a.count];
+       n += int64_t{gridDim.x} * blockDim.x) {
+    int p = 0;
+    while (p + 1 < a.count && n >= a.first[p + 1]) ++p;
+    float* gate = a.piece[p].gate;
+    const float* up = a.piece[p].up;
+    const int64_t i = n - a.first[p];
     const float g = limit < gate[i] ? limit : gate[i];
     const float u = up[i] < -limit ? -limit : limit < up[i] ? limit : up[i];
     gate[i] = g / (1.0f + expf(-g)) * u;
@@ -77,9 +92,25 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min((n + kThr
 }  // namespace
 
 void clamped_swiglu(float* gate, const float* up, int64_t count, float limit, void* stream) {
-  if (count <= 0) return;
-  overlapped_launch("clamped_swiglu launch", swiglu, blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream),
-                    gate, up, count, limit);
+  const SwigluPiece piece{gate, up, count};
+  clamped_swiglu(std::span<const SwigluPiece>(&piece, 1), limit, stream);
+}
+
+void clamped_swiglu(std::span<const SwigluPiece> pieces, float limit, void* stream) {
+  if (pieces.size() > kMaxSwigluPieces) {
+    throw std::runtime_error("cuda::clamped_swiglu: more than " + std::to_string(kMaxSwigluPieces) + " pieces");
+  }
+  SwigluLaunch a{};
+  a.limit = limit;
+  for (const SwigluPiece& p : pieces) {
+    if (p.count <= 0) continue;
+    a.piece[a.count] = p;
+    a.first[a.count + 1] = a.first[a.count] + p.count;
+    ++a.count;
+  }
+  if (a.count == 0) return;
+  overlapped_launch("clamped_swiglu launch", swiglu, blocks_for(a.first[a.count]), kThreads, 0,
+                    static_cast<cudaStream_t>(stream), a);
 }
 
 void combine_pairs(const float* y, const float* weights, int64_t tokens, int k, int64_t dim, const float* shared,

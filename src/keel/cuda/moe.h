@@ -7,11 +7,22 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace keel::cuda {
 
 // gate[i] ← silu(min(gate[i], limit)) · clamp(up[i], −limit, limit), for count floats.
 void clamped_swiglu(float* gate, const float* up, int64_t count, float limit, void* stream = nullptr);
+
+// The same over independent pieces (a layer's routed pairs and its shared expert), in
+// one launch: each piece's floats as clamped_swiglu gives them alone.
+struct SwigluPiece {
+  float* gate;
+  const float* up;
+  int64_t count;
+};
+constexpr int kMaxSwigluPieces = 2;
+void clamped_swiglu(std::span<const SwigluPiece> pieces, float limit, void* stream = nullptr);
 
 // out[t, :] = Σ_{i<k} weights[t·k + i] · y[t·k + i, :] (+ shared[t, :] when shared is
 // not null) for t < tokens: y holds one row per (token, routed expert) pair, as

@@ -39,29 +39,39 @@ __global__ void rotate(const float* __restrict__ inv_freq, float* x, int64_t pai
   rotate_pair(p[0], p[1], positions[token], inv_freq[i], sign);
 }
 
-// One block per row (token · heads + head) of head_dim floats, a float4 chunk per thread
-// (threads past the row hold zeros): the row's RMSNorm (by weight when Weighted), then
-// the rotation of each pair (2i, 2i+1) from rope_start on, the pair inside the thread's
+// The pieces of one norm_rotate launch: piece p's rows are blocks [first[p], first[p + 1]).
+struct NormRopeLaunch {
+  NormRopePiece piece[kMaxNormRopePieces];
+  int64_t first[kMaxNormRopePieces + 1];
+  int count;
+};
+
+// One block per row (token · heads + head of its piece) of head_dim floats, a float4
+// chunk per thread (threads past the row hold zeros): the row's RMSNorm (by the piece's
+// weight, else by 1, the same bits as none: w · (x · r) is x · r when w = 1), then the
+// rotation of each pair (2i, 2i+1) from rope_start on, the pair inside the thread's
 // chunk (rope_start even).
-template <bool Weighted>
 __global__ void __launch_bounds__(1024)
-    norm_rotate(const float* __restrict__ inv_freq, float* x, const float* __restrict__ weight, float eps,
-                int head_dim, int heads, int rope_start, const int64_t* __restrict__ positions) {
+    norm_rotate(const float* __restrict__ inv_freq, const __grid_constant__ NormRopeLaunch a, float eps, int head_dim,
+                int rope_start, const int64_t* __restrict__ positions) {
   __shared__ float partial[32];
   wait_for_inputs();
   let_next_start();
-  const int64_t row = blockIdx.x, token = row / heads;
-  float* xr = x + row * head_dim;
+  int p = 0;
+  while (p + 1 < a.count && int64_t{blockIdx.x} >= a.first[p + 1]) ++p;
+  const NormRopePiece& piece = a.piece[p];
+  const int64_t row = blockIdx.x - a.first[p], token = row / piece.heads;
+  float* xr = piece.x + row * head_dim;
   const int chunk = threadIdx.x, first = 4 * chunk;
   const bool inside = first < head_dim;
   Chunk<4> v{}, w{};
   if (inside) {
     v = load<4>(xr, chunk);
-    if constexpr (Weighted) w = load<4>(weight, chunk);
+    w = piece.weight ? load<4>(piece.weight, chunk) : Chunk<4>{{1.0f, 1.0f, 1.0f, 1.0f}};
   }
   const float squares = warps_sum(add_squares(0.0f, v), partial, static_cast<int>(blockDim.x) / kWarp);
   if (!inside) return;
-  v = scaled<Weighted>(v, w, 1.0f / sqrtf(squares / static_cast<float>(head_dim) + eps));
+  v = scaled<true>(v, w, 1.0f / sqrtf(squares / static_cast<float>(head_dim) + eps));
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     if (const int c = first + 2 * p; c >= rope_start) {
@@ -108,28 +118,42 @@ void rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int head_dim
 
 void norm_rope(const DeviceRope& r, float* x, int64_t tokens, int heads, int head_dim, const float* weight, float eps,
                const int64_t* positions, void* stream) {
+  const NormRopePiece piece{x, heads, weight};
+  norm_rope(r, std::span<const NormRopePiece>(&piece, 1), tokens, head_dim, eps, positions, stream);
+}
+
+void norm_rope(const DeviceRope& r, std::span<const NormRopePiece> pieces, int64_t tokens, int head_dim, float eps,
+               const int64_t* positions, void* stream) {
   if (r.rope_dim % 2 != 0 || r.rope_dim > head_dim) {
     throw std::runtime_error("cuda::norm_rope: rope_dim " + std::to_string(r.rope_dim) + " does not fit head_dim " +
                              std::to_string(head_dim) + " in pairs");
   }
-  const int64_t rows = tokens * heads;
-  if (rows <= 0) return;
-  const bool one_launch = head_dim <= 4 * 1024 && float4_rows(head_dim, {x, weight});  // weight may be null
-  if (!one_launch) {  // rows of single floats, or longer than a block: the two kernels
-    if (weight) {
-      rms_norm(x, weight, eps, x, rows, head_dim, stream);
-    } else {
-      rms_norm_unweighted(x, eps, rows, head_dim, stream);
-    }
-    rope(r, x, tokens, heads, head_dim, positions, false, stream);
-    return;
+  if (pieces.size() > kMaxNormRopePieces) {
+    throw std::runtime_error("cuda::norm_rope: more than " + std::to_string(kMaxNormRopePieces) + " pieces");
   }
-  if (rows > 0x7fffffff) throw std::runtime_error("cuda::norm_rope: too many rows");
+  NormRopeLaunch a{};
+  for (const NormRopePiece& piece : pieces) {
+    const int64_t rows = tokens * piece.heads;
+    if (rows <= 0) continue;
+    // weight may be null
+    if (head_dim <= 4 * 1024 && float4_rows(head_dim, {piece.x, piece.weight})) {
+      a.piece[a.count] = piece;
+      a.first[a.count + 1] = a.first[a.count] + rows;
+      ++a.count;
+    } else {  // rows of single floats, or longer than a block: the two kernels
+      if (piece.weight) {
+        rms_norm(piece.x, piece.weight, eps, piece.x, rows, head_dim, stream);
+      } else {
+        rms_norm_unweighted(piece.x, eps, rows, head_dim, stream);
+      }
+      rope(r, piece.x, tokens, piece.heads, head_dim, positions, false, stream);
+    }
+  }
+  if (a.count == 0) return;
+  if (a.first[a.count] > 0x7fffffff) throw std::runtime_error("cuda::norm_rope: too many rows");
   const int threads = (head_dim / 4 + kWarp - 1) / kWarp * kWarp;
-  const auto kernel = weight ? norm_rotate<true> : norm_rotate<false>;
-  overlapped_launch("norm_rope launch", kernel, static_cast<unsigned>(rows), threads, 0,
-                    static_cast<cudaStream_t>(stream), r.inv_freq, x, weight, eps, head_dim, heads,
-                    head_dim - r.rope_dim, positions);
+  overlapped_launch("norm_rope launch", norm_rotate, static_cast<unsigned>(a.first[a.count]), threads, 0,
+                    static_cast<cudaStream_t>(stream), r.inv_freq, a, eps, head_dim, head_dim - r.rope_dim, positions);
 }
 
 void register_rope(Registry&) {}

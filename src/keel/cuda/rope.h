@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "ops/rope.h"
 #include "plan/kernel_registry.h"
@@ -33,6 +34,18 @@ void rope(const DeviceRope& rope, float* x, int64_t tokens, int heads, int head_
 // An attention site's q heads and its kv rows each take one launch (rows of float4
 // chunks up to 4096 floats; other rows take the norm's kernel and then rope's).
 void norm_rope(const DeviceRope& rope, float* x, int64_t tokens, int heads, int head_dim, const float* weight, float eps,
+               const int64_t* positions, void* stream = nullptr);
+
+// The same over independent pieces of the same tokens and head_dim (an attention site's
+// q heads and its kv row), in one launch where each piece takes one: every row as
+// norm_rope gives it alone.
+struct NormRopePiece {
+  float* x;  // [tokens, heads, head_dim]
+  int heads;
+  const float* weight;  // [head_dim], or null: unweighted
+};
+constexpr int kMaxNormRopePieces = 2;
+void norm_rope(const DeviceRope& rope, std::span<const NormRopePiece> pieces, int64_t tokens, int head_dim, float eps,
                const int64_t* positions, void* stream = nullptr);
 
 // Adds this family's kernels to the registry (called from cuda/kernels.cu). The plan has
