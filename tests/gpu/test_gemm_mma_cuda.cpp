@@ -22,6 +22,8 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/gemm_mma.h"
@@ -68,17 +70,36 @@ class CudaMma : public ::testing::TestWithParam<WeightCase> {};
 
 // Runs `body` with calls of more than 8 tokens forced onto each of the two tiles in turn
 // (gemm_mma.h's MmaTiles): at these small shapes the automatic choice would always take
-// the split warps' tile. The one-token calls each row is compared with bit for bit take
-// that tile either way.
+// the split warps' tile. Calls of up to 8 tokens (the one-token calls each row is
+// compared with bit for bit among them) take 2 row tiles a warp with the first and 1
+// with the second: the automatic choice would always take 1 here.
 template <typename Body>
 void for_each_tile(Body&& body) {
-  for (const MmaTiles tiles : {MmaTiles::split, MmaTiles::staged}) {
+  for (const auto& [tiles, row_tiles] : {std::pair{MmaTiles::split, 2}, std::pair{MmaTiles::staged, 1}}) {
     set_mma_tiles(tiles);
-    SCOPED_TRACE(tiles == MmaTiles::staged ? "staged tile" : "split tile");
+    set_few_token_row_tiles(row_tiles);
+    SCOPED_TRACE(std::string(tiles == MmaTiles::staged ? "staged tile" : "split tile") + ", up to 8 tokens " +
+                 std::to_string(row_tiles) + " row tile(s) a warp");
     body();
     if (::testing::Test::HasFatalFailure()) break;
   }
   set_mma_tiles(MmaTiles::automatic);
+  set_few_token_row_tiles(0);
+}
+
+// body() with one token's pairs launched as many blocks as fit, then with each block
+// through 2 and 3 row blocks (the tests' shapes have 2 or 3: blocks with unequal shares
+// and one block through all).
+template <typename Body>
+void for_each_row_blocks_per_block(Body&& body) {
+  for (const int per_block : {0, 2, 3}) {
+    set_pairs_row_blocks(per_block);
+    SCOPED_TRACE(per_block == 0 ? std::string("blocks fitted to the GPU")
+                                : std::to_string(per_block) + " row blocks per block");
+    body();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  set_pairs_row_blocks(0);
 }
 
 // out: no multiple of a warp's 32 rows nor of a block's; in: one to several steps, FP8
@@ -261,8 +282,9 @@ void check_pairs(const char* name, const std::vector<Expert>& experts, const std
 // the last of 4 or more never routed to, ids drawn from the others and -1 (repeats
 // within a token's pairs too); 1 to 8 pairs (ungrouped: a group per pair) and 9 to 300
 // (grouped by expert), 1 or 6 per x row, so groups of one pair up to full and split
-// tiles, in both tile sizes (more than 8 pairs per entry takes the larger); shapes
-// across row blocks, k shares (1 to 8 warps) and FP8 scale blocks.
+// tiles, in both tile sizes (more than 8 pairs per entry takes the larger), one token's
+// pairs with blocks going through one or several row blocks; shapes across row blocks,
+// k shares (1 to 8 warps) and FP8 scale blocks.
 TEST_P(CudaMma, PairsMatchCpuReferenceAndOneTokenCalls) {
   const WeightCase& c = GetParam();
   std::vector<std::pair<int64_t, int64_t>> shapes;
@@ -300,6 +322,8 @@ TEST_P(CudaMma, PairsMatchCpuReferenceAndOneTokenCalls) {
           const auto check = [&] { check_pairs(c.name, experts, ids, per_row, seed, worst); };
           if (pairs > 8 * n_table) {
             for_each_tile(check);
+          } else if (pairs <= 8) {
+            for_each_row_blocks_per_block(check);
           } else {
             check();
           }
@@ -484,6 +508,8 @@ TEST_P(CudaMma, TwoTablesInOneLaunchKeepTheirBits) {
       };
       if (pairs > 8 * kExperts) {
         for_each_tile(check);
+      } else if (pairs <= 8) {
+        for_each_row_blocks_per_block(check);
       } else {
         check();
       }

@@ -490,14 +490,18 @@ __device__ __forceinline__ void split_x(const Columns& cols, int64_t in, float* 
 // row warp sharing its k in contiguous shares of 128-k units; it computes them for the
 // tile's columns. Rows past the end (in the last block) read the last row again, columns
 // past the tile's last read that column again (no branches around loads); neither is
-// ever stored, and MMA rows and columns do not mix.
+// ever stored, and MMA rows and columns do not mix. With `tiles` > 1 the block goes on to
+// row blocks block + stride, block + 2·stride, ... (tiles in all), its x split once and,
+// with one column group, its ring running on from one row block's steps into the next's.
 //
 // A row's sum for a token: per warp share, the MMAs in k order (hi, then lo, per MMA),
 // FP8 folding each 128-k block's sum times its scale into the total; then the shares
 // added in share order. Nothing here depends on R, C, the block's columns, the other
-// tokens or where x is read from (kSplitX: split by the block into dynamic shared memory).
+// tokens, where x is read from (kSplitX: split by the block into dynamic shared memory)
+// or which block computes the row.
 template <WeightFormat F, int R, int C, bool kSplitX, typename Columns>
-__device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
+__device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols,
+                                         int tiles = 1, int64_t stride = 0) {
   constexpr int V = Mma<F>::kValues, K = kStep<F>;
   constexpr bool kFp8 = F == WeightFormat::fp8_block;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
@@ -505,7 +509,8 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   // one-token product's short chain of steps were a tenth of its time.
   const int split_log = __ffs(split) - 1;
   const int share = warp & (split - 1);
-  const int64_t row0 = (block * (kWarps >> split_log) + (warp >> split_log)) * (16 * R);
+  const int64_t block_rows = int64_t{kWarps >> split_log} * (16 * R), warp_row = (warp >> split_log) * (16 * R);
+  const auto row0_of = [&](int n) { return (block + n * stride) * block_rows + warp_row; };  // row block n's
   const int groups = min(C, (cols.count + 7) / 8);
   const int64_t units = (w.in + kUnit - 1) / kUnit;
   const int64_t k_begin = (share * units >> split_log) * kUnit;
@@ -513,7 +518,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 
   // This lane's rows (g and g+8 of each tile) and where its token of each column group
   // starts (its chunk of the step at k = 0).
-  const LaneRows<F, R> rows(w, row0, g, t);
+  LaneRows<F, R> rows(w, row0_of(0), g, t);
   // Dynamic shared memory: the few-token tile's ring (C = 1), then split x (kSplitX).
   constexpr bool kRingOf = C == 1;
   extern __shared__ __align__(16) float dynamic_shared[];
@@ -533,19 +538,25 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   // With one column group the weight chunks come through the ring, kRing - 1 steps ahead
   // (the first before the wait: weights are never written by a kernel), and the scale
   // bits of the next step load while this one computes: a step is short. More groups
-  // make it long enough (and need the registers).
+  // make it long enough (and need the registers). The ring counts steps across row
+  // blocks: `copying` is the rows of the next step it copies (row block copy_n, step copy_step).
   const int steps = static_cast<int>((k_end - k_begin) / K);  // shares are whole 128-k units, K divides 128
+  const int all_steps = tiles * steps;
+  LaneRows<F, R> copying = rows;
+  int copy_n = 0, copy_step = 0;
+  const auto copy_next = [&](int q) {  // the ring's step q
+    if (q >= all_steps) return cp_async_commit();  // an empty group: one group a step keeps wait_group's count
+    copying.copy(k_begin + int64_t{copy_step} * K, ring, q);
+    if (++copy_step == steps) {
+      copy_step = 0;
+      if (++copy_n < tiles) copying = LaneRows<F, R>(w, row0_of(copy_n), g, t);
+    }
+  };
   uint4 raw[R][2];
   uint32_t bits[R][2];
   if constexpr (kRingOf) {
 #pragma unroll
-    for (int s = 0; s < kRing - 1; ++s) {
-      if (s < steps) {
-        rows.copy(k_begin + s * K, ring, s);
-      } else {
-        cp_async_commit();  // an empty group: one group a step keeps wait_group's count
-      }
-    }
+    for (int s = 0; s < kRing - 1; ++s) copy_next(s);
     if (steps > 0) rows.load_bits(k_begin, bits);
   }
   wait_for_inputs();
@@ -555,56 +566,74 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     __syncthreads();
   }
   float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
-  int step = 0;
-  for (int64_t k = k_begin; k < k_end; k += K, ++step) {
-    uint32_t next_bits[R][2];
-    if constexpr (kRingOf) {
-      // Step + kRing - 1 into the slots step - 1 read (their values are used: its MMAs ran).
-      if (const int ahead = step + kRing - 1; ahead < steps) {
-        rows.copy(k + (kRing - 1) * K, ring, ahead);
+  int q = 0;          // the ring's step
+  for (int n = 0; n < tiles; ++n) {
+    for (int step = 0; step < steps; ++step, ++q) {
+      const int64_t k = k_begin + int64_t{step} * K;
+      uint32_t next_bits[R][2];
+      if constexpr (kRingOf) {
+        // Step q + kRing - 1 into the slots step q - 1 read (their values are used: its MMAs ran).
+        copy_next(q + kRing - 1);
+        if (step + 1 < steps) {
+          rows.load_bits(k + K, next_bits);
+        } else if (n + 1 < tiles) {  // the next row block's first step
+          LaneRows<F, R>(w, row0_of(n + 1), g, t).load_bits(k_begin, next_bits);
+        } else {
+          rows.load_bits(k, next_bits);  // the last step loads its own again
+        }
+        cp_async_wait<kRing - 1>();  // this step's group is in
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) raw[i][h] = *ring_slot<R>(ring, q, i, h);
+        }
       } else {
-        cp_async_commit();
+        rows.load(k, raw, bits);
       }
-      rows.load_bits(min(k + K, k_end - K), next_bits);  // the last step loads its own again
-      cp_async_wait<kRing - 1>();  // this step's group is in
+      Factors f[R][2];
+      const bool big = step_factors<F, R>(bits, f);
+      if constexpr (kFp8) {
+        if (k % kUnit == 0) rows.block_scales(w, k, scale);
+      }
+      const float* x[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c) x[c] = xt[c] + (kSplitX ? k + 4 * (k / V) : k);
+      constexpr XFrom kX = kSplitX ? XFrom::split : XFrom::global;
+      if (big) {
+        mma_step<F, R, C, kX, true>(raw, f, x, groups, sum);
+      } else {
+        mma_step<F, R, C, kX, false>(raw, f, x, groups, sum);
+      }
+      if constexpr (kFp8) {
+        if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
+      }
+      if constexpr (kRingOf) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) bits[i][h] = next_bits[i][h];
+        }
+      }
+    }
+
+    // The shares' sums, added in share order.
+    float(&total)[R][C][4] = kFp8 ? acc : sum;
+    const int64_t row0 = row0_of(n);
+    add_shares(total, tile_shares<R, C>(), warp, lane, share, split,
+               [&](int row, int j, float v) { store<F>(w, cols, row0 + row, j, v); });
+    if (n + 1 < tiles) {  // the next row block: its sums from zero, the shares free again
 #pragma unroll
       for (int i = 0; i < R; ++i) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) raw[i][h] = *ring_slot<R>(ring, step, i, h);
+        for (int c = 0; c < C; ++c) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) total[i][c][r] = 0.0f;
+        }
       }
-    } else {
-      rows.load(k, raw, bits);
-    }
-    Factors f[R][2];
-    const bool big = step_factors<F, R>(bits, f);
-    if constexpr (kFp8) {
-      if (k % kUnit == 0) rows.block_scales(w, k, scale);
-    }
-    const float* x[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) x[c] = xt[c] + (kSplitX ? k + 4 * (k / V) : k);
-    constexpr XFrom kX = kSplitX ? XFrom::split : XFrom::global;
-    if (big) {
-      mma_step<F, R, C, kX, true>(raw, f, x, groups, sum);
-    } else {
-      mma_step<F, R, C, kX, false>(raw, f, x, groups, sum);
-    }
-    if constexpr (kFp8) {
-      if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
-    }
-    if constexpr (kRingOf) {
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) bits[i][h] = next_bits[i][h];
-      }
+      rows = LaneRows<F, R>(w, row0_of(n + 1), g, t);
+      __syncthreads();
     }
   }
-
-  // The shares' sums, added in share order.
-  const float(&total)[R][C][4] = kFp8 ? acc : sum;
-  add_shares(total, tile_shares<R, C>(), warp, lane, share, split,
-             [&](int row, int j, float v) { store<F>(w, cols, row0 + row, j, v); });
 }
 
 // --- Many tokens: x staged once per block -------------------------------------------------
@@ -754,11 +783,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   const Pairs<kGrouped> cols{kGrouped ? order + group.first : nullptr, group.first, x, y, like.in, like.out, per_row,
                             group.count};
+  // Row blocks blockIdx.x, blockIdx.x + gridDim.x, ...: launch_pairs launches fewer
+  // blocks than row blocks for one token's pairs (the one-token tile, ungrouped).
+  constexpr bool kFitted = C == 1 && !kGrouped;
+  const int64_t rows = int64_t{kStaged ? kWarps : kWarps / split} * 16 * R, row_blocks = (like.out + rows - 1) / rows;
+  const int tiles = static_cast<int>((row_blocks - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const DeviceWeight* e = group.expert < 0 ? nullptr : table + group.expert;
   if (e == nullptr || e->data == nullptr) {
-    const int64_t rows = int64_t{kStaged ? kWarps : kWarps / split} * 16 * R, first = blockIdx.x * rows;
-    const int n = static_cast<int>(min(rows, like.out - first));
-    for (int i = threadIdx.x; i < group.count * n; i += kThreads) cols.y_row(i / n)[first + i % n] = 0.0f;
+    for (int64_t b = blockIdx.x; b < row_blocks; b += gridDim.x) {
+      const int64_t first = b * rows;
+      const int n = static_cast<int>(min(rows, like.out - first));
+      for (int i = threadIdx.x; i < group.count * n; i += kThreads) cols.y_row(i / n)[first + i % n] = 0.0f;
+    }
     return;
   }
   DeviceWeight w = like;
@@ -766,12 +802,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (kStaged) {
     staged_tile<F, R, C>(w, blockIdx.x, split, cols);
   } else {
-    mma_tile<F, R, C, kSplitX>(w, blockIdx.x, split, cols);
+    mma_tile<F, R, C, kSplitX>(w, blockIdx.x, split, cols, kFitted ? tiles : 1, gridDim.x);
   }
 }
 
 // A warp's tile: up to 8 tokens, 2 row tiles (32 rows) by 1 column group, so x's
-// conversion serves two tiles and registers leave room for the next step's loads. More
+// conversion serves two tiles and registers leave room for the next step's loads (1 row
+// tile where 2 would leave the GPU short of blocks, see one_row_tile). More
 // tokens: 2 row tiles by 2 column groups (16 tokens per pass), each decoded chunk used
 // twice and each converted x twice; FP4 (32-value chunks, twice the registers) takes 1
 // row tile by 4 groups instead, what fits in 128 registers without spilling.
@@ -785,14 +822,35 @@ constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 // bits; set_mma_tiles overrides the choice.
 std::atomic<MmaTiles> tiles_in_use{MmaTiles::automatic};
 
-bool staged_fills_gpu(int64_t blocks) {
-  if (tiles_in_use != MmaTiles::automatic) return tiles_in_use == MmaTiles::staged;
-  static int multiprocessors[64] = {};  // per device, read once (a benign race: the same value)
+int multiprocessors() {
+  static int count[64] = {};  // per device, read once (a benign race: the same value)
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  int& n = multiprocessors[device % 64];
+  int& n = count[device % 64];
   if (n == 0) check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return blocks >= 4 * int64_t{n};
+  return n;
+}
+
+bool staged_fills_gpu(int64_t blocks) {
+  if (tiles_in_use != MmaTiles::automatic) return tiles_in_use == MmaTiles::staged;
+  return blocks >= 4 * int64_t{multiprocessors()};
+}
+
+// Row blocks per block for a one-token pairs launch of `launched` blocks (row blocks x
+// pairs x tables): enough that its blocks all fit on the GPU at once. A block that goes
+// on to further row blocks keeps its ring streaming and its x split (mma_tile), where a
+// block of a second wave would wait for its expert, split its x and wait for its first
+// weights again (ncu: half of such a block's stalls).
+std::atomic<int> pairs_row_blocks{0};  // set_pairs_row_blocks
+
+template <auto kKernel>
+int64_t row_blocks_per_block(int64_t launched, size_t shared) {
+  if (const int forced = pairs_row_blocks; forced > 0) return forced;
+  int per_multiprocessor = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kKernel, kThreads, shared),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const int64_t fit = std::max<int64_t>(1, int64_t{per_multiprocessor} * multiprocessors());
+  return (launched + fit - 1) / fit;
 }
 
 template <WeightFormat F, int R, int C>
@@ -821,10 +879,25 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
                     C == 1 ? kRingBytes<R> : 0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
 }
 
+// Up to 8 tokens, a warp takes 2 row tiles, or 1 where 2 would leave each multiprocessor
+// at most one block (`blocks` of them): twice the blocks, each a shorter chain of steps,
+// the same bits (mma_tile).
+std::atomic<int> few_token_row_tiles{0};  // set_few_token_row_tiles
+
+bool one_row_tile(int64_t blocks) {
+  if (const int forced = few_token_row_tiles; forced > 0) return forced == 1;
+  return blocks <= multiprocessors();
+}
+
 template <WeightFormat F>
 void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
   if (tokens <= kFewTokens) {
-    launch<F, 2, 1>(w, x, y, tokens, stream);
+    const int64_t rows = int64_t{kWarps / mma_k_split(w)} * 16 * 2;
+    if (one_row_tile((w.out + rows - 1) / rows)) {
+      launch<F, 1, 1>(w, x, y, tokens, stream);
+    } else {
+      launch<F, 2, 1>(w, x, y, tokens, stream);
+    }
   } else {
     launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
   }
@@ -847,8 +920,8 @@ struct GroupLaunch {
   int count = 0;
 };
 
-// kSplitX: x split in dynamic shared memory (where every product's fits).
-template <bool kSplitX>
+// R row tiles per warp; kSplitX: x split in dynamic shared memory (where every product's fits).
+template <int R, bool kSplitX>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_group(const __grid_constant__ GroupLaunch g, const float* __restrict__ x, int tokens) {
   int j = 0;
@@ -857,8 +930,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const Consecutive cols{x, g.y[j], w.in, w.out, tokens};
   const int64_t block = blockIdx.x - g.first_block[j];
   switch (w.format) {
-    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, 2, 1, kSplitX>(w, block, g.split[j], cols);
-    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, 2, 1, kSplitX>(w, block, g.split[j], cols);
+    case WeightFormat::bf16: return mma_tile<WeightFormat::bf16, R, 1, kSplitX>(w, block, g.split[j], cols);
+    case WeightFormat::fp8_block: return mma_tile<WeightFormat::fp8_block, R, 1, kSplitX>(w, block, g.split[j], cols);
     default: return wait_for_inputs();  // never grouped (group_takes); waits as every overlapped kernel does
   }
 }
@@ -875,9 +948,28 @@ int64_t group_x_bytes(const DeviceWeight& w, int64_t tokens) {
                                         : split_x_bytes<WeightFormat::fp8_block>(w.in, tokens);
 }
 
-void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cudaStream_t stream) {
+// The group's blocks for R row tiles per warp, product by product.
+int place_blocks(GroupLaunch& g, int R) {
+  int blocks = 0;
+  for (int j = 0; j < g.count; ++j) {
+    const int64_t rows = int64_t{kWarps / g.split[j]} * 16 * R;
+    g.first_block[j] = blocks;
+    blocks += static_cast<int>((g.w[j].out + rows - 1) / rows);
+  }
+  return g.first_block[g.count] = blocks;
+}
+
+template <int R>
+void launch_group(const GroupLaunch& g, int64_t x_bytes, const float* x, int64_t tokens, cudaStream_t stream) {
+  allow_ring<mma_group<R, true>>();
+  allow_ring<mma_group<R, false>>();
+  const auto kernel = x_bytes > 0 ? mma_group<R, true> : mma_group<R, false>;
+  overlapped_launch("linear_mma_group launch", kernel, static_cast<unsigned>(g.first_block[g.count]), kThreads,
+                    kRingBytes<R> + x_bytes, stream, g, x, static_cast<int>(tokens));
+}
+
+void launch_group(GroupLaunch& g, const float* x, int64_t tokens, cudaStream_t stream) {
   if (g.count == 0) return;
-  g.first_block[g.count] = blocks;
   int64_t x_bytes = 0;
   for (int j = 0; j < g.count; ++j) {
     const int64_t bytes = group_x_bytes(g.w[j], tokens);
@@ -887,11 +979,12 @@ void launch_group(GroupLaunch& g, int blocks, const float* x, int64_t tokens, cu
     }
     x_bytes = std::max(x_bytes, bytes);
   }
-  allow_ring<mma_group<true>>();
-  allow_ring<mma_group<false>>();
-  const auto kernel = x_bytes > 0 ? mma_group<true> : mma_group<false>;
-  overlapped_launch("linear_mma_group launch", kernel, static_cast<unsigned>(blocks), kThreads,
-                    kRingBytes<2> + x_bytes, stream, g, x, static_cast<int>(tokens));
+  if (one_row_tile(place_blocks(g, 2))) {
+    place_blocks(g, 1);
+    launch_group<1>(g, x_bytes, x, tokens, stream);
+  } else {
+    launch_group<2>(g, x_bytes, x, tokens, stream);
+  }
   g.count = 0;
 }
 
@@ -935,6 +1028,14 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
     throw std::runtime_error("cuda::linear_pairs_mma: " + std::to_string(pairs) + " pairs in one call");
   }
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(most), t.second ? 2 : 1);
+  // One token's pairs (ungrouped, the one-token tile): as many blocks as fit at once, each
+  // over several row blocks (mma_pairs' kFitted).
+  const auto fitted = [&]<auto kKernel>(size_t shared) {
+    allow_ring<kKernel>();
+    if (kGrouped) return grid;
+    const int64_t per_block = row_blocks_per_block<kKernel>(blocks * grid.y * grid.z, shared);
+    return dim3(static_cast<unsigned>((blocks + per_block - 1) / per_block), grid.y, grid.z);
+  };
   if constexpr (kGrouped && C > 1) {
     if (staged) {
       return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, true, true>, grid, kThreads, 0, stream,
@@ -943,15 +1044,20 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(like.in, kGrouped ? std::min<int64_t>(pairs, kTile) : 1);
              x_bytes > 0) {  // a group's pairs (at most 8, one ungrouped), each with its row of x
-    allow_ring<mma_pairs<F, R, C, kGrouped, false, true>>();
-    return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped, false, true>, grid, kThreads,
-                             kRingBytes<R> + x_bytes, stream, t.first, t.second, like, experts, order, groups, count,
+    constexpr auto kernel = mma_pairs<F, R, C, kGrouped, false, true>;
+    const size_t shared = kRingBytes<R> + x_bytes;
+    return overlapped_launch("linear_pairs_mma launch", kernel, fitted.template operator()<kernel>(shared), kThreads,
+                             shared, stream, t.first, t.second, like, experts, order, groups, count, per_row, x, t.y,
+                             t.second_y, split);
+  }
+  if constexpr (C == 1) {
+    constexpr auto kernel = mma_pairs<F, R, C, kGrouped>;
+    return overlapped_launch("linear_pairs_mma launch", kernel, fitted.template operator()<kernel>(kRingBytes<R>),
+                             kThreads, kRingBytes<R>, stream, t.first, t.second, like, experts, order, groups, count,
                              per_row, x, t.y, t.second_y, split);
   }
-  if constexpr (C == 1) allow_ring<mma_pairs<F, R, C, kGrouped>>();
-  overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads,
-                    C == 1 ? kRingBytes<R> : 0, stream, t.first, t.second, like, experts, order, groups, count, per_row,
-                    x, t.y, t.second_y, split);
+  overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads, 0, stream, t.first,
+                    t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
 }
 
 // The tile as linear_mma picks it by tokens per call, here by pairs per table entry on
@@ -983,6 +1089,8 @@ int step_of(const DeviceWeight& w) {
 }  // namespace
 
 void set_mma_tiles(MmaTiles tiles) { tiles_in_use = tiles; }
+void set_pairs_row_blocks(int per_block) { pairs_row_blocks = per_block; }
+void set_few_token_row_tiles(int tiles) { few_token_row_tiles = tiles; }
 
 int mma_k_split(const DeviceWeight& w) {  // a power of two: mma_tile and add_shares rely on it
   const int64_t tiles = (w.out + 31) / 32, units = (w.in + kUnit - 1) / kUnit;
@@ -1014,20 +1122,16 @@ void linear_mma_group(std::span<const GemmProduct> products, const float* x, int
   if (tokens <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   GroupLaunch g;
-  int blocks = 0;
   for (const GemmProduct& p : products) {
     if (tokens > kFewTokens || !group_takes(*p.w, x)) {  // alone, as linear_mma takes it
       linear_mma(*p.w, x, p.y, tokens, stream_ptr);
       continue;
     }
-    if (g.count == kMaxGroup) launch_group(g, std::exchange(blocks, 0), x, tokens, stream);
-    const int split = mma_k_split(*p.w);
-    const int64_t rows = int64_t{kWarps / split} * 16 * 2;  // mma_linear<F, 2, 1>'s block
-    g.w[g.count] = *p.w, g.y[g.count] = p.y, g.split[g.count] = split, g.first_block[g.count] = blocks;
-    blocks += static_cast<int>((p.w->out + rows - 1) / rows);
+    if (g.count == kMaxGroup) launch_group(g, x, tokens, stream);
+    g.w[g.count] = *p.w, g.y[g.count] = p.y, g.split[g.count] = mma_k_split(*p.w);
     ++g.count;
   }
-  launch_group(g, blocks, x, tokens, stream);
+  launch_group(g, x, tokens, stream);
 }
 
 int64_t linear_pairs_scratch(int64_t pairs, int /*n_table*/) {

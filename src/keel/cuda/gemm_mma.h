@@ -94,6 +94,16 @@ int mma_k_split(const DeviceWeight& w);
 enum class MmaTiles { automatic, staged, split };
 void set_mma_tiles(MmaTiles tiles);
 
+// For tests: how many row blocks each block of a one-token pairs launch (up to 8 pairs,
+// ungrouped) goes through; 0, the default, takes as many as let its blocks all fit on
+// the GPU at once. The bits are the same either way.
+void set_pairs_row_blocks(int per_block);
+
+// For tests: the row tiles a warp takes with up to 8 tokens, 1 or 2 (0, the default:
+// 2, or 1 where 2 would leave the GPU's multiprocessors a block each at most). The bits
+// are the same either way.
+void set_few_token_row_tiles(int tiles);
+
 // Adds the kernels to the registry (called from cuda/kernels.cu).
 void register_gemm_mma(Registry& registry);
 
