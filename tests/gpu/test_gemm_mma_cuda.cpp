@@ -22,12 +22,14 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/gemm_mma.h"
 #include "cuda/linear.h"
+#include "cuda/mhc.h"
 #include "gpu/device_memory.h"
 #include "gpu/gemm_check.h"
 #include "gpu/weight_cases.h"
@@ -122,6 +124,75 @@ TEST_P(CudaMma, MatchesCpuReferenceAndOneTokenCalls) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaMma, ::testing::Values(kBf16, kFp8Ue8m0, kFp8F32, kMxfp4, kNvfp4), case_name);
+
+// linear_mma_expand against linear_mma then hyper_expand (with pairs, hyper_expand_pairs
+// with the product as the shared rows), bit for bit: random streams, post and comb (hc 4,
+// Flash's, and 3), pairs and weights (k 3); 1, 3 and 8 tokens (the few-token tile at 2 and
+// 1 row tiles a warp) and 20 (both many-token tiles); shapes across row tiles and k
+// shares. The streams must change: a fused launch that expanded nothing would fail.
+TEST_P(CudaMma, ExpandIntoStreamsMatchesProductThenExpand) {
+  const WeightCase& c = GetParam();
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      is_fp4(c) ? std::vector<std::pair<int64_t, int64_t>>{{261, 512}, {100, 4096}}
+                : std::vector<std::pair<int64_t, int64_t>>{{261, 320}, {100, 4096}};
+  uint32_t seed = 200;
+  for (const auto& [out, in] : shapes) {
+    const OwnedWeight host(random_normal(out * in, 7), out, in, c.format, c.dtype, c.scales);
+    DeviceWeight w = upload(host.weight());
+    for (const int hc : {4, 3}) {
+      for (const bool with_pairs : {false, true}) {
+        for (const int64_t tokens : {1, 3, 8, 20}) {
+          const int k = 3;
+          const HyperParams p{.hc = hc, .dim = out, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
+          DeviceScope scope;
+          const float* dx = scope.copy(random_normal(tokens * in, ++seed));
+          const float* post = scope.copy(random_normal(tokens * hc, ++seed));
+          const float* comb = scope.copy(random_normal(tokens * hc * hc, ++seed, 0.5f));
+          const float* pairs = scope.copy(random_normal(tokens * k * out, ++seed));
+          const float* weights = scope.copy(random_normal(tokens * k, ++seed, 0.3f));
+          const std::vector<float> streams = random_normal(tokens * hc * out, ++seed, 2.0f);
+          const auto where = [&] {
+            return std::string(c.name) + " " + std::to_string(out) + "x" + std::to_string(in) + " hc " +
+                   std::to_string(hc) + (with_pairs ? " with pairs, " : ", ") + std::to_string(tokens) + " tokens";
+          };
+          for_each_tile([&] {
+            float* want = scope.copy(streams);
+            float* y = device_poisoned(tokens * out);
+            linear_mma(w, dx, y, tokens);
+            if (with_pairs) {
+              hyper_expand_pairs(p, post, comb, pairs, weights, k, y, want, tokens);
+            } else {
+              hyper_expand(p, post, comb, y, want, tokens);
+            }
+            float* got = scope.copy(streams);
+            HyperExpandInto into{post, comb, got, hc};
+            if (with_pairs) into.pairs = pairs, into.weights = weights, into.k = k;
+            linear_mma_expand(w, dx, tokens, into);
+            const std::vector<float> a = host_copy(got, streams.size()), b = host_copy(want, streams.size());
+            cudaFree(y);
+            ASSERT_NE(std::memcmp(a.data(), streams.data(), a.size() * sizeof(float)), 0) << where() << ": unchanged";
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+                << where() << ": differs from linear_mma, then the expand";
+          });
+        }
+      }
+    }
+    release(w);
+  }
+}
+
+// A product linear_mma hands to linear() cannot expand on the way: a clear error.
+TEST(CudaMmaCases, ExpandRefusesWhatTheTensorCoresDoNotTake) {
+  const OwnedWeight host(random_normal(37 * 48, 3), 37, 48, kBf16.format, kBf16.dtype, kBf16.scales);
+  DeviceWeight w = upload(host.weight());
+  DeviceScope scope;
+  const float* x = scope.copy(random_normal(48, 4));
+  float* streams = scope.copy(random_normal(4 * 37, 5));
+  const float* mix = scope.copy(random_normal(20, 6));
+  EXPECT_FALSE(linear_mma_takes(w, x));
+  EXPECT_THROW(linear_mma_expand(w, x, 1, {mix, mix + 4, streams, 4}), std::runtime_error);
+  release(w);
+}
 
 // A row view of an FP8 weight (the grouped output projection's): rows from 100, so
 // warp tiles straddle the stored 128-row scale block boundary.

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
+#include "cuda/hyper_expand.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma_bf16.cuh"
 #include "cuda/mma_shares.cuh"
@@ -197,8 +199,9 @@ template <WeightFormat F>
 constexpr int kStep = 4 * Mma<F>::kValues;
 
 // The tokens of one tile, MMA columns 0 .. count-1 (count ≥ 1, at most 8·C): where
-// column j's row of x starts and its row of y. linear_mma's are consecutive rows, a
-// group of pairs' the rows its pairs name.
+// column j's row of x starts and where its finished values go (put). linear_mma's are
+// consecutive rows, a group of pairs' the rows its pairs name; linear_mma_expand's
+// values are expanded into their token's streams rather than stored.
 struct Consecutive {
   const float* x;  // column 0's rows
   float* y;
@@ -206,6 +209,21 @@ struct Consecutive {
   int count;
   __device__ const float* x_row(int j) const { return x + j * in; }
   __device__ float* y_row(int j) const { return y + j * out; }
+  __device__ void put(int j, int64_t o, float v) const { y_row(j)[o] = v; }
+};
+struct Expanding {
+  const float* x;  // column 0's rows
+  HyperExpandInto into;
+  int64_t in, out;
+  int64_t token;  // column 0's token in the call: its streams, post and comb
+  int count;
+  __device__ const float* x_row(int j) const { return x + j * in; }
+  __device__ void put(int j, int64_t o, float v) const {
+    const int64_t t = token + j;
+    const int hc = into.hc;
+    const float y = into.pairs ? pairs_sum(into.pairs, into.weights, into.k, t, o, out) + v : v;
+    expand_channel(into.post + t * hc, into.comb + t * hc * hc, y, into.streams + t * hc * out + o, hc, out);
+  }
 };
 template <bool kGrouped>
 struct Pairs {
@@ -221,6 +239,7 @@ struct Pairs {
   }
   __device__ const float* x_row(int j) const { return x + pair(j) / per_row * in; }
   __device__ float* y_row(int j) const { return y + pair(j) * out; }
+  __device__ void put(int j, int64_t o, float v) const { y_row(j)[o] = v; }
 };
 
 // What both tiles share. A lane's weight rows, g and g + 8 of each of a warp's R row
@@ -377,13 +396,13 @@ __device__ __forceinline__ void fold_block(float (&sum)[R][C][4], const float (&
   }
 }
 
-// A finished value of row `o` for column j: stored unless past the weight or the tile
+// A finished value of row `o` for column j: put unless past the weight or the tile
 // (NVFP4 sums are the value times 2^-8, see Fp4Mma).
 template <WeightFormat F, typename Columns>
 __device__ __forceinline__ void store(const DeviceWeight& w, const Columns& cols, int64_t o, int j, float v) {
   if (o >= w.out || j >= cols.count) return;
   if constexpr (F == WeightFormat::nvfp4) v = __fmul_rn(v, w.global_scale * 256.0f);
-  cols.y_row(j)[o] = v;
+  cols.put(j, o, v);
 }
 
 // --- x split once, in shared memory ------------------------------------------------------
@@ -484,6 +503,12 @@ __device__ __forceinline__ void split_x(const Columns& cols, int64_t in, float* 
       into[m] = make_uint4(b0.hi, b1.hi, b0.lo, b1.lo);
     }
   }
+}
+
+// The rows of a row block: the split warps' tile's kWarps / split row warps (mma_tile), or
+// the staged tile's kWarps (staged_tile), of 16·R rows each.
+__host__ __device__ constexpr int64_t rows_per_block(int R, bool staged, int split) {
+  return int64_t{staged ? kWarps : kWarps / split} * 16 * R;
 }
 
 // Row block `block` holds kWarps / split row warps of 16·R rows each, `split` warps per
@@ -741,18 +766,25 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
 
 // Block `blockIdx.x / passes` of rows, tokens [8·C·pass, 8·C·(pass + 1)) for pass
 // `blockIdx.x % passes`, by the split warps' tile (kSplitX: x split in dynamic shared
-// memory) or (kStaged) the staged one.
-template <WeightFormat F, int R, int C, bool kStaged = false, bool kSplitX = false>
+// memory) or (kStaged) the staged one; into y (Out = float*) or expanded into an mHC
+// site's streams (Out = HyperExpandInto).
+template <WeightFormat F, int R, int C, bool kStaged = false, bool kSplitX = false, typename Out = float*>
 __global__ void __launch_bounds__(kThreads, 2)
-    mma_linear(DeviceWeight w, const float* __restrict__ x, float* __restrict__ y, int64_t tokens, int split,
+    mma_linear(DeviceWeight w, const float* __restrict__ x, const Out out, int64_t tokens, int split,
                unsigned passes) {
   const int64_t tok0 = int64_t{blockIdx.x % passes} * (8 * C);
   const int count = static_cast<int>(min(int64_t{8 * C}, tokens - tok0));
-  const Consecutive cols{x + tok0 * w.in, y + tok0 * w.out, w.in, w.out, count};
-  if constexpr (kStaged) {
-    staged_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
+  const auto run = [&](const auto& cols) {
+    if constexpr (kStaged) {
+      staged_tile<F, R, C>(w, blockIdx.x / passes, split, cols);
+    } else {
+      mma_tile<F, R, C, kSplitX>(w, blockIdx.x / passes, split, cols);
+    }
+  };
+  if constexpr (std::is_same_v<Out, float*>) {
+    run(Consecutive{x + tok0 * w.in, out + tok0 * w.out, w.in, w.out, count});
   } else {
-    mma_tile<F, R, C, kSplitX>(w, blockIdx.x / passes, split, cols);
+    run(Expanding{x + tok0 * w.in, out, w.in, w.out, tok0, count});
   }
 }
 
@@ -786,7 +818,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Row blocks blockIdx.x, blockIdx.x + gridDim.x, ...: launch_pairs launches fewer
   // blocks than row blocks for one token's pairs (the one-token tile, ungrouped).
   constexpr bool kFitted = C == 1 && !kGrouped;
-  const int64_t rows = int64_t{kStaged ? kWarps : kWarps / split} * 16 * R, row_blocks = (like.out + rows - 1) / rows;
+  const int64_t rows = rows_per_block(R, kStaged, split), row_blocks = (like.out + rows - 1) / rows;
   const int tiles = static_cast<int>((row_blocks - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const DeviceWeight* e = group.expert < 0 ? nullptr : table + group.expert;
   if (e == nullptr || e->data == nullptr) {
@@ -853,30 +885,32 @@ int64_t row_blocks_per_block(int64_t launched, size_t shared) {
   return (launched + fit - 1) / fit;
 }
 
-template <WeightFormat F, int R, int C>
-void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
+template <WeightFormat F, int R, int C, typename Out>
+void launch(const DeviceWeight& w, const float* x, Out y, int64_t tokens, cudaStream_t stream) {
   const int split = mma_k_split(w);
   const int64_t passes = (tokens + 8 * C - 1) / (8 * C);
-  const int64_t staged_rows = int64_t{kWarps} * 16 * R;
+  const int64_t staged_rows = rows_per_block(R, true, split);
   // Several column groups share x through the block (staged_tile) where that fills the GPU.
   const bool staged = C > 1 && staged_fills_gpu((w.out + staged_rows - 1) / staged_rows * passes);
-  const int64_t rows = staged ? staged_rows : int64_t{kWarps / split} * 16 * R;
+  const int64_t rows = rows_per_block(R, staged, split);
   const int64_t blocks = (w.out + rows - 1) / rows * passes;
   if (blocks > INT_MAX) throw std::runtime_error("cuda::linear_mma: " + std::to_string(tokens) + " tokens in one call");
   if constexpr (C > 1) {
     if (staged) {
-      return overlapped_launch("linear_mma launch", mma_linear<F, R, C, true>, static_cast<unsigned>(blocks), kThreads,
-                               0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
+      return overlapped_launch("linear_mma launch", mma_linear<F, R, C, true, false, Out>,
+                               static_cast<unsigned>(blocks), kThreads, 0, stream, w, x, y, tokens, split,
+                               static_cast<unsigned>(passes));
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(w.in, tokens); x_bytes > 0) {  // tokens ≤ 8
-    allow_ring<mma_linear<F, R, C, false, true>>();
-    return overlapped_launch("linear_mma launch", mma_linear<F, R, C, false, true>, static_cast<unsigned>(blocks),
-                             kThreads, kRingBytes<R> + x_bytes, stream, w, x, y, tokens, split,
-                             static_cast<unsigned>(passes));
+    allow_ring<mma_linear<F, R, C, false, true, Out>>();
+    return overlapped_launch("linear_mma launch", mma_linear<F, R, C, false, true, Out>,
+                             static_cast<unsigned>(blocks), kThreads, kRingBytes<R> + x_bytes, stream, w, x, y, tokens,
+                             split, static_cast<unsigned>(passes));
   }
-  if constexpr (C == 1) allow_ring<mma_linear<F, R, C>>();
-  overlapped_launch("linear_mma launch", mma_linear<F, R, C>, static_cast<unsigned>(blocks), kThreads,
-                    C == 1 ? kRingBytes<R> : 0, stream, w, x, y, tokens, split, static_cast<unsigned>(passes));
+  if constexpr (C == 1) allow_ring<mma_linear<F, R, C, false, false, Out>>();
+  overlapped_launch("linear_mma launch", mma_linear<F, R, C, false, false, Out>, static_cast<unsigned>(blocks),
+                    kThreads, C == 1 ? kRingBytes<R> : 0, stream, w, x, y, tokens, split,
+                    static_cast<unsigned>(passes));
 }
 
 // Up to 8 tokens, a warp takes 2 row tiles, or 1 where 2 would leave each multiprocessor
@@ -889,10 +923,10 @@ bool one_row_tile(int64_t blocks) {
   return blocks <= multiprocessors();
 }
 
-template <WeightFormat F>
-void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cudaStream_t stream) {
+template <WeightFormat F, typename Out>
+void launch(const DeviceWeight& w, const float* x, Out y, int64_t tokens, cudaStream_t stream) {
   if (tokens <= kFewTokens) {
-    const int64_t rows = int64_t{kWarps / mma_k_split(w)} * 16 * 2;
+    const int64_t rows = rows_per_block(2, false, mma_k_split(w));
     if (one_row_tile((w.out + rows - 1) / rows)) {
       launch<F, 1, 1>(w, x, y, tokens, stream);
     } else {
@@ -900,6 +934,18 @@ void launch(const DeviceWeight& w, const float* x, float* y, int64_t tokens, cud
     }
   } else {
     launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
+  }
+}
+
+// linear_mma's launch for the weight's format, into y or expanded (Out as mma_linear's).
+template <typename Out>
+void launch_any(const DeviceWeight& w, const float* x, Out y, int64_t tokens, cudaStream_t stream) {
+  switch (w.format) {
+    case WeightFormat::bf16: return launch<WeightFormat::bf16>(w, x, y, tokens, stream);
+    case WeightFormat::fp8_block: return launch<WeightFormat::fp8_block>(w, x, y, tokens, stream);
+    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4>(w, x, y, tokens, stream);
+    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4>(w, x, y, tokens, stream);
+    default: break;
   }
 }
 
@@ -952,7 +998,7 @@ int64_t group_x_bytes(const DeviceWeight& w, int64_t tokens) {
 int place_blocks(GroupLaunch& g, int R) {
   int blocks = 0;
   for (int j = 0; j < g.count; ++j) {
-    const int64_t rows = int64_t{kWarps / g.split[j]} * 16 * R;
+    const int64_t rows = rows_per_block(R, false, g.split[j]);
     g.first_block[j] = blocks;
     blocks += static_cast<int>((g.w[j].out + rows - 1) / rows);
   }
@@ -1021,9 +1067,9 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
   const int64_t most = kGrouped ? std::min(pairs, std::min(pairs, int64_t{n_table} + 1) + pairs / kTile) : pairs;
   // Several column groups share x through the block (staged_tile) where the groups'
   // full tiles alone fill the GPU.
-  const int64_t staged_rows = int64_t{kWarps} * 16 * R;
+  const int64_t staged_rows = rows_per_block(R, true, split);
   const bool staged = C > 1 && staged_fills_gpu((like.out + staged_rows - 1) / staged_rows * (pairs / kTile));
-  const int64_t rows = staged ? staged_rows : int64_t{kWarps / split} * 16 * R, blocks = (like.out + rows - 1) / rows;
+  const int64_t rows = rows_per_block(R, staged, split), blocks = (like.out + rows - 1) / rows;
   if (most > 65535 || blocks > INT_MAX) {
     throw std::runtime_error("cuda::linear_pairs_mma: " + std::to_string(pairs) + " pairs in one call");
   }
@@ -1108,14 +1154,17 @@ bool linear_mma_takes(const DeviceWeight& w, const float* x) {
 void linear_mma(const DeviceWeight& w, const float* x, float* y, int64_t tokens, void* stream_ptr) {
   if (tokens <= 0) return;
   if (!linear_mma_takes(w, x)) return linear(w, x, y, tokens, stream_ptr);  // small test models' shapes
-  const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  switch (w.format) {
-    case WeightFormat::bf16: return launch<WeightFormat::bf16>(w, x, y, tokens, stream);
-    case WeightFormat::fp8_block: return launch<WeightFormat::fp8_block>(w, x, y, tokens, stream);
-    case WeightFormat::mxfp4: return launch<WeightFormat::mxfp4>(w, x, y, tokens, stream);
-    case WeightFormat::nvfp4: return launch<WeightFormat::nvfp4>(w, x, y, tokens, stream);
-    default: break;
+  launch_any(w, x, y, tokens, static_cast<cudaStream_t>(stream_ptr));
+}
+
+void linear_mma_expand(const DeviceWeight& w, const float* x, int64_t tokens, const HyperExpandInto& into,
+                       void* stream_ptr) {
+  if (tokens <= 0) return;
+  if (!linear_mma_takes(w, x) || into.hc < 1 || into.hc > kMaxHyperStreams || (into.pairs && into.k < 0)) {
+    throw std::runtime_error("cuda::linear_mma_expand: a product linear_mma_takes and 1.." +
+                             std::to_string(kMaxHyperStreams) + " streams, got hc " + std::to_string(into.hc));
   }
+  launch_any(w, x, into, tokens, static_cast<cudaStream_t>(stream_ptr));
 }
 
 void linear_mma_group(std::span<const GemmProduct> products, const float* x, int64_t tokens, void* stream_ptr) {

@@ -51,6 +51,25 @@ void linear_mma_group(std::span<const GemmProduct> products, const float* x, int
 // to linear()).
 bool linear_mma_takes(const DeviceWeight& w, const float* x);
 
+// An mHC site's expand (cuda/mhc.h) of a product's rows y, done as each value is finished
+// instead of storing it: post [tokens, hc], comb [tokens, hc, hc] and the streams
+// [tokens, hc, out] (updated in place) in device memory; with `pairs` set, y is the shared
+// expert's rows added to the routed pairs' weighted sum (hyper_expand_pairs' shared).
+struct HyperExpandInto {
+  const float *post, *comb;
+  float* streams;
+  int hc;
+  const float *pairs = nullptr, *weights = nullptr;  // [tokens·k, out], [tokens·k]
+  int k = 0;
+};
+
+// linear_mma(w, x, y, tokens), then hyper_expand of y (or hyper_expand_pairs with y as
+// the shared expert's rows), in one launch and with those calls' bits; no y is written.
+// Only for products linear_mma takes on the tensor cores (linear_mma_takes), 1 ≤ hc ≤
+// kMaxHyperStreams; anything else throws.
+void linear_mma_expand(const DeviceWeight& w, const float* x, int64_t tokens, const HyperExpandInto& into,
+                       void* stream = nullptr);
+
 // The routed experts' pairs on tensor cores (linear_pairs' contract and signature):
 // the pairs grouped by expert on the device (group_pairs, into `scratch`), then one
 // launch over (row blocks, groups) in which each group's pairs are the MMA columns, so

@@ -769,8 +769,9 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   copy_jobs(s, jobs);
 }
 
-// Every row's inverse rope on ws.o, then the output projections into y.
-void attention_output(const Step& s, const GpuModel::Layer& L, float* y) {
+// Every row's inverse rope on ws.o, then the grouped output projection (wo_a): wo_b's
+// input.
+const float* attention_output(const Step& s, const GpuModel::Layer& L) {
   const ModelConfig& c = s.c;
   const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim;
   GpuModel::Workspace& ws = s.ws;
@@ -802,7 +803,7 @@ void attention_output(const Step& s, const GpuModel::Layer& L, float* y) {
                 "cudaMemcpy2DAsync");
     }
   }
-  s.linear(L.wo_b, u, y, S);
+  return u;
 }
 
 // --- MoE (§6) --------------------------------------------------------------------------------
@@ -814,9 +815,10 @@ void swiglu_limit(const Step& s, std::span<const SwigluPiece> pieces) {
 }
 
 // The MoE's output before its weighted sum: a row per (token, routed expert) pair, the
-// pairs' weights, and the shared expert's rows (null on ranks that do not run it).
+// pairs' weights, and the input of the shared expert's down projection (null on ranks
+// that do not run it): moe_out projects it, on the way into the streams where it can.
 struct MoeOutput {
-  const float *pairs, *weights, *shared;
+  const float *pairs, *weights, *shared_h;
 };
 
 // Routing, then every (token, routed expert) pair through its expert with the expert
@@ -876,14 +878,7 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
     swiglu_limit(s, swiglus);
   }
-  s.mark("moe: shared expert's down");
-  const float* shared = nullptr;
-  if (shared_here) {
-    float* ys = grow(ws.shared_out, S * D);
-    s.linear(L.shared.w2, ws.shared_g.data(), ys, S);
-    shared = ys;
-  }
-  return {y, weights, shared};
+  return {y, weights, shared_here ? ws.shared_g.data() : nullptr};
 }
 
 // --- One decoder layer (§3.1) -------------------------------------------------------------
@@ -914,21 +909,51 @@ void hyper_out(const Step& s, const HyperParams& hp, const float* y) {
   hyper_expand(hp, ws.post.data(), ws.comb.data(), y, ws.streams.data(), s.count, s.stream);
 }
 
-// The MoE site's expand: on one rank with the pairs' weighted sum formed inside it;
-// across ranks, each rank's partial sum all-reduced first.
-void moe_out(const Step& s, const HyperParams& hp, const MoeOutput& m) {
+// The site's expand of a product y = x · Wᵀ (with `pairs`, of the MoE's output, y the
+// shared expert's part): in the product's launch where the plan put W on the tensor-core
+// GEMM and it takes x (linear_mma_expand: the same bits, no y written, one launch less),
+// for calls of up to kExpandedRows rows (decode steps). Past them the expand kernel's pass
+// is faster than the products' stores doing it (512-token prefill: 4.6% slower fused).
+constexpr int64_t kExpandedRows = 8;
+
+bool product_expanded(const Step& s, const HyperParams& hp, const DeviceLinear& w, const float* x,
+                      const MoeOutput* pairs = nullptr) {
+  if (s.count > kExpandedRows || s.k.gemm[static_cast<size_t>(w.planned)] != &cuda::linear_mma ||
+      !linear_mma_takes(w.w, x)) {
+    return false;
+  }
+  GpuModel::Workspace& ws = s.ws;
+  HyperExpandInto into{ws.post.data(), ws.comb.data(), ws.streams.data(), hp.hc};
+  if (pairs) into.pairs = pairs->pairs, into.weights = pairs->weights, into.k = s.c.num_experts_per_tok;
+  linear_mma_expand(w.w, x, s.count, into, s.stream);
+  return true;
+}
+
+// The MoE site's expand: on one rank with the pairs' weighted sum formed inside it (and
+// the shared expert's down projection's, when the plan allows, inside that); across
+// ranks, each rank's partial sum all-reduced first.
+void moe_out(const Step& s, const HyperParams& hp, const GpuModel::Layer& L, const MoeOutput& m) {
   GpuModel::Workspace& ws = s.ws;
   const int k = s.c.num_experts_per_tok;
-  if (s.share.ranks() == 1) {
+  const bool one_rank = s.share.ranks() == 1;
+  s.mark("moe: shared expert's down");
+  if (one_rank && m.shared_h && product_expanded(s, hp, L.shared.w2, m.shared_h, &m)) return;
+  const float* shared = nullptr;
+  if (m.shared_h) {
+    float* ys = grow(ws.shared_out, s.count * s.c.hidden_size);
+    s.linear(L.shared.w2, m.shared_h, ys, s.count);
+    shared = ys;
+  }
+  if (one_rank) {
     s.mark("mhc: expand the moe's pairs");
-    hyper_expand_pairs(hp, ws.post.data(), ws.comb.data(), m.pairs, m.weights, k, m.shared, ws.streams.data(), s.count,
+    hyper_expand_pairs(hp, ws.post.data(), ws.comb.data(), m.pairs, m.weights, k, shared, ws.streams.data(), s.count,
                        s.stream);
     return;
   }
   s.mark("moe: combine, all-reduce");
   const int64_t rows = s.count * s.c.hidden_size;
   float* y = grow(ws.y, rows);
-  combine_pairs(m.pairs, m.weights, s.count, k, s.c.hidden_size, m.shared, y, s.stream);
+  combine_pairs(m.pairs, m.weights, s.count, k, s.c.hidden_size, shared, y, s.stream);
   s.share.all_reduce(y, rows, s.stream);
   hyper_out(s, hp, y);
 }
@@ -941,10 +966,13 @@ void layer_in(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
 }
 
 void layer_out(const Step& s, const HyperParams& hp, const GpuModel::Layer& L) {
-  float* y = grow(s.ws.y, s.count * s.c.hidden_size);
-  attention_output(s, L, y);
-  hyper_out(s, hp, y);
-  moe_out(s, hp, moe(s, L, hyper_in(s, hp, L.hc_ffn, L.ffn_norm)));
+  const float* u = attention_output(s, L);
+  if (!product_expanded(s, hp, L.wo_b, u)) {
+    float* y = grow(s.ws.y, s.count * s.c.hidden_size);
+    s.linear(L.wo_b, u, y, s.count);
+    hyper_out(s, hp, y);
+  }
+  moe_out(s, hp, L, moe(s, L, hyper_in(s, hp, L.hc_ffn, L.ffn_norm)));
 }
 
 // One decoder layer over the call's streams (ws.streams); `layer` indexes the sequences'

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/hyper_expand.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/row_chunks.cuh"
 
@@ -315,13 +316,12 @@ struct PairsOutput {
   const float *pairs, *weights, *shared;
   int k;
   __device__ float operator()(int64_t t, int64_t d, int64_t dim) const {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += weights[t * k + i] * pairs[(t * k + i) * dim + d];
+    const float sum = pairs_sum(pairs, weights, k, t, d, dim);
     return shared ? sum + shared[t * dim + d] : sum;
   }
 };
 
-// One thread per (token, channel): reads the hc old values first, so in place is safe.
+// One thread per (token, channel) (hyper_expand.cuh).
 template <typename Output>
 __global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const Output output,
                        float* streams, int hc, int64_t dim, int64_t tokens) {
@@ -330,16 +330,7 @@ __global__ void expand(const float* __restrict__ post, const float* __restrict__
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= tokens * dim) return;
   const int64_t t = n / dim, d = n % dim;
-  float* s = streams + t * hc * dim + d;
-  float old[kMaxHyperStreams];
-  for (int j = 0; j < hc; ++j) old[j] = s[j * dim];
-  const float* c = comb + t * hc * hc;
-  const float y = output(t, d, dim);
-  for (int k = 0; k < hc; ++k) {
-    float sum = 0.0f;
-    for (int j = 0; j < hc; ++j) sum += c[j * hc + k] * old[j];
-    s[k * dim] = post[t * hc + k] * y + sum;
-  }
+  expand_channel(post + t * hc, comb + t * hc * hc, output(t, d, dim), streams + t * hc * dim + d, hc, dim);
 }
 
 void check_params(const HyperParams& p, const char* what) {
