@@ -11,7 +11,11 @@ graphs, whose nodes ncu would otherwise profile as one):
 
 A step is taken to end with the sampler's kernel (`summarize_kernel`), so the script
 prints the last whole step: its kernels in launch order with their durations and grids,
-then the same summed by kernel name. Needs Python 3 alone.
+then the same summed by kernel name. With `dram__bytes_read.sum` among ncu's metrics
+(`--metrics gpu__time_duration.sum,dram__bytes_read.sum`) it adds what each kernel read
+from memory and at what rate: ncu flushes the caches before each kernel, so that is the
+kernel's weights and whatever else it reads, as a decode step's weights would come.
+Needs Python 3 alone.
 """
 
 import argparse
@@ -35,8 +39,12 @@ def short_name(name):
     return "".join(out)
 
 
+BYTES = "dram__bytes_read.sum"
+BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
 def read_kernels(path):
-    """[(name, ns, grid, block)] in launch order."""
+    """[(name, ns, grid, block, bytes or None)] in launch order."""
     with open(path, newline="", errors="replace") as f:
         rows = list(csv.reader(f))
     start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
@@ -47,15 +55,25 @@ def read_kernels(path):
     for needed in ("Kernel Name", "gpu__time_duration.sum"):
         if needed not in col:
             sys.exit(f"{path}: no '{needed}' column (run ncu with --metrics gpu__time_duration.sum --page raw)")
-    unit = rows[start + 1][col["gpu__time_duration.sum"]]
-    scale = {"ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(unit, 1.0)
+    units = rows[start + 1]
+    scale = {"ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6}.get(units[col["gpu__time_duration.sum"]], 1.0)
+    byte_scale = BYTE_UNITS.get(units[col[BYTES]], 1) if BYTES in col else None
     kernels = []
     for r in rows[start + 2:]:
         if len(r) != len(header):
             continue
         ns = float(r[col["gpu__time_duration.sum"]].replace(",", "")) * scale
-        kernels.append((short_name(r[col["Kernel Name"]]), ns, r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)]))
+        read = float(r[col[BYTES]].replace(",", "")) * byte_scale if byte_scale else None
+        kernels.append((short_name(r[col["Kernel Name"]]), ns, r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)],
+                        read))
     return kernels
+
+
+def traffic(read, ns):
+    """' 12.3 MiB 1.23 TB/s' for a kernel that read `read` bytes in `ns`, or ''."""
+    if read is None:
+        return ""
+    return f" {read / 2**20:8.1f} MiB {read / ns / 1e3:5.2f} TB/s"
 
 
 def main():
@@ -70,16 +88,19 @@ def main():
         sys.exit(f"fewer than two '{args.step_end}' launches: no whole step to show")
     step = kernels[ends[-2] + 1:ends[-1] + 1]
     total = sum(k[1] for k in step)
-    print(f"last whole step: {len(step)} kernels, {total / 1e3:.1f} us")
-    for name, ns, grid, block in step:
-        print(f"{ns / 1e3:9.1f} us  {grid:>14} {block:>14}  {name}")
+    measured = all(k[4] is not None for k in step)
+    read = sum(k[4] for k in step) if measured else None
+    print(f"last whole step: {len(step)} kernels, {total / 1e3:.1f} us{traffic(read, total)}")
+    for name, ns, grid, block, bytes_read in step:
+        print(f"{ns / 1e3:9.1f} us  {grid:>14} {block:>14}{traffic(bytes_read, ns)}  {name}")
     print("\nby kernel:")
-    by_name = collections.defaultdict(lambda: [0, 0.0])
-    for name, ns, _, _ in step:
+    by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for name, ns, _, _, bytes_read in step:
         by_name[name][0] += 1
         by_name[name][1] += ns
-    for name, (count, ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print(f"{ns / 1e3:9.1f} us {100 * ns / total:5.1f}% {count:4d}x  {name}")
+        by_name[name][2] += bytes_read or 0.0
+    for name, (count, ns, bytes_read) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+        print(f"{ns / 1e3:9.1f} us {100 * ns / total:5.1f}% {count:4d}x{traffic(bytes_read if measured else None, ns)}  {name}")
 
 
 if __name__ == "__main__":
