@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <type_traits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/check.cuh"
