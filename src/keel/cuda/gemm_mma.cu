@@ -1161,8 +1161,9 @@ void linear_mma_expand(const DeviceWeight& w, const float* x, int64_t tokens, co
                        void* stream_ptr) {
   if (tokens <= 0) return;
   if (!linear_mma_takes(w, x) || into.hc < 1 || into.hc > kMaxHyperStreams || (into.pairs && into.k < 0)) {
-    throw std::runtime_error("cuda::linear_mma_expand: a product linear_mma_takes and 1.." +
-                             std::to_string(kMaxHyperStreams) + " streams, got hc " + std::to_string(into.hc));
+    throw std::runtime_error("cuda::linear_mma_expand: a product linear_mma_takes, 1.." +
+                             std::to_string(kMaxHyperStreams) + " streams and k >= 0, got hc " +
+                             std::to_string(into.hc) + ", k " + std::to_string(into.k));
   }
   launch_any(w, x, into, tokens, static_cast<cudaStream_t>(stream_ptr));
 }

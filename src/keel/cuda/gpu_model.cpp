@@ -909,7 +909,7 @@ void hyper_out(const Step& s, const HyperParams& hp, const float* y) {
   hyper_expand(hp, ws.post.data(), ws.comb.data(), y, ws.streams.data(), s.count, s.stream);
 }
 
-// The site's expand of a product y = x · Wᵀ (with `pairs`, of the MoE's output, y the
+// The site's expand of a product y = x · Wᵀ (with `output`, of the MoE's output, y the
 // shared expert's part): in the product's launch where the plan put W on the tensor-core
 // GEMM and it takes x (linear_mma_expand: the same bits, no y written, one launch less),
 // for calls of up to kExpandedRows rows (decode steps). Past them the expand kernel's pass
@@ -917,14 +917,14 @@ void hyper_out(const Step& s, const HyperParams& hp, const float* y) {
 constexpr int64_t kExpandedRows = 8;
 
 bool product_expanded(const Step& s, const HyperParams& hp, const DeviceLinear& w, const float* x,
-                      const MoeOutput* pairs = nullptr) {
+                      const MoeOutput* output = nullptr) {
   if (s.count > kExpandedRows || s.k.gemm[static_cast<size_t>(w.planned)] != &cuda::linear_mma ||
       !linear_mma_takes(w.w, x)) {
     return false;
   }
   GpuModel::Workspace& ws = s.ws;
   HyperExpandInto into{ws.post.data(), ws.comb.data(), ws.streams.data(), hp.hc};
-  if (pairs) into.pairs = pairs->pairs, into.weights = pairs->weights, into.k = s.c.num_experts_per_tok;
+  if (output) into.pairs = output->pairs, into.weights = output->weights, into.k = s.c.num_experts_per_tok;
   linear_mma_expand(w.w, x, s.count, into, s.stream);
   return true;
 }
