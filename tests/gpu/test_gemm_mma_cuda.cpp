@@ -127,9 +127,11 @@ INSTANTIATE_TEST_SUITE_P(All, CudaMma, ::testing::Values(kBf16, kFp8Ue8m0, kFp8F
 
 // linear_mma_expand against linear_mma then hyper_expand (with pairs, hyper_expand_pairs
 // with the product as the shared rows), bit for bit: random streams, post and comb (hc 4,
-// Flash's, and 3), pairs and weights (k 3); 1, 3 and 8 tokens (the few-token tile at 2 and
-// 1 row tiles a warp) and 20 (both many-token tiles); shapes across row tiles and k
-// shares. The streams must change: a fused launch that expanded nothing would fail.
+// Flash's, and 3), pairs and weights (k 3, and 10 at 3 tokens); 1, 3 and 8 tokens (the
+// few-token tile at 2 and 1 row tiles a warp) and 20 (three launches of the few-token
+// tile, its pointers moved on; linear_mma's 20 rows from either many-token tile); shapes
+// across row tiles and k shares. The streams must change: a fused launch that expanded
+// nothing would fail.
 TEST_P(CudaMma, ExpandIntoStreamsMatchesProductThenExpand) {
   const WeightCase& c = GetParam();
   const std::vector<std::pair<int64_t, int64_t>> shapes =
@@ -142,7 +144,7 @@ TEST_P(CudaMma, ExpandIntoStreamsMatchesProductThenExpand) {
     for (const int hc : {4, 3}) {
       for (const bool with_pairs : {false, true}) {
         for (const int64_t tokens : {1, 3, 8, 20}) {
-          const int k = 3;
+          const int k = tokens == 3 ? 10 : 3;  // 10: past pairs_sum's batch of 8 loads
           const HyperParams p{.hc = hc, .dim = out, .sinkhorn_iters = 20, .hc_eps = 1e-6f, .norm_eps = 1e-6f};
           DeviceScope scope;
           const float* dx = scope.copy(random_normal(tokens * in, ++seed));

@@ -923,14 +923,32 @@ bool one_row_tile(int64_t blocks) {
   return blocks <= multiprocessors();
 }
 
+// The expand's tokens from `first` on: its pointers moved to that token.
+HyperExpandInto from_token(const HyperExpandInto& into, int64_t first, int64_t out) {
+  HyperExpandInto moved = into;
+  moved.post += first * into.hc;
+  moved.comb += first * into.hc * into.hc;
+  moved.streams += first * into.hc * out;
+  if (into.pairs) moved.pairs += first * into.k * out, moved.weights += first * into.k;
+  return moved;
+}
+
 template <WeightFormat F, typename Out>
 void launch(const DeviceWeight& w, const float* x, Out y, int64_t tokens, cudaStream_t stream) {
+  constexpr bool kExpanding = std::is_same_v<Out, HyperExpandInto>;
   if (tokens <= kFewTokens) {
     const int64_t rows = rows_per_block(2, false, mma_k_split(w));
     if (one_row_tile((w.out + rows - 1) / rows)) {
       launch<F, 1, 1>(w, x, y, tokens, stream);
     } else {
       launch<F, 2, 1>(w, x, y, tokens, stream);
+    }
+  } else if constexpr (kExpanding) {
+    // The expanding tiles exist for decode steps (the model fuses calls of up to 8 rows):
+    // more tokens go 8 at a time through the few-token tile, which gives every token the
+    // bits of any other tile, rather than instantiating the many-token tiles twice more.
+    for (int64_t first = 0; first < tokens; first += kFewTokens) {
+      launch<F>(w, x + first * w.in, from_token(y, first, w.out), std::min<int64_t>(kFewTokens, tokens - first), stream);
     }
   } else {
     launch<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2>(w, x, y, tokens, stream);
