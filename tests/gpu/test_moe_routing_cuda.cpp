@@ -82,6 +82,8 @@ TEST(CudaMoeRouting, SigmoidUnbiasedTopK) { check(3, 64, 8, ScoringFunc::sigmoid
 TEST(CudaMoeRouting, MoreExpertsThanThreads) { check(2, 384, 8, ScoringFunc::sqrtsoftplus, true, false, 131); }
 TEST(CudaMoeRouting, HashedSelection) { check(4, 256, 6, ScoringFunc::sqrtsoftplus, true, true, 141); }
 TEST(CudaMoeRouting, AllExperts) { check(2, 7, 7, ScoringFunc::sigmoid, true, false, 151); }
+// More picks than a warp has lanes: the lanes forming the weights each write several.
+TEST(CudaMoeRouting, MorePicksThanLanes) { check(3, 300, 40, ScoringFunc::sqrtsoftplus, true, false, 161); }
 
 }  // namespace
 }  // namespace keel::cuda

@@ -12,13 +12,16 @@ namespace keel::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarp;
 
 // The order of the selection: the higher biased score, then the lower expert.
 __device__ bool before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
-// One block per token. Scores and biased scores live in shared memory; each of the k
-// rounds takes the best unselected expert by a block-wide (value, index) reduction.
+// One block per token. Its threads score the experts into shared memory, then rank
+// them: an expert's rank is how many experts come before it in the selection's order (a
+// strict total order), and the expert of rank r < k is the r-th pick, all experts at
+// once; the first warp then forms the weights. (k rounds of a block-wide argmax, two
+// barriers and a serial pass over the warps each, took 8.0-8.4 us a token at 256
+// experts and top-6 on an H200 against 3.5 us for a hash layer's; the ranks take 6.9.)
 __global__ void __launch_bounds__(kThreads)
     route_tokens(float* logits, int experts, ScoringFunc func, const float* __restrict__ bias,
                  const int32_t* __restrict__ hashed, int k, float scaling, int32_t* __restrict__ experts_out,
@@ -26,11 +29,9 @@ __global__ void __launch_bounds__(kThreads)
   wait_for_inputs();
   let_next_start();
   extern __shared__ float shared[];
-  float* score = shared;               // [experts]
-  float* biased = shared + experts;    // [experts], score + bias
-  int* taken = reinterpret_cast<int*>(biased + experts);  // [experts]
-  __shared__ float best_value[kWarps];
-  __shared__ int best_index[kWarps];
+  float* score = shared;                                  // [experts]
+  float* biased = shared + experts;                       // [experts], score + bias
+  int* chosen = reinterpret_cast<int*>(biased + experts);  // [k], in selection order
   const int64_t t = blockIdx.x;
   float* row = logits + t * experts;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -40,45 +41,35 @@ __global__ void __launch_bounds__(kThreads)
     row[e] = s;
     score[e] = s;
     biased[e] = s + (bias ? bias[e] : 0.0f);
-    taken[e] = 0;
   }
+  // Each pick defaults to expert 0: NaN scores (which order before nothing) leave ranks
+  // unused, and an id must never point past the table.
+  for (int i = threadIdx.x; i < k; i += blockDim.x) chosen[i] = 0;
   __syncthreads();
-  int32_t* out_e = experts_out + t * k;
   if (hashed) {
-    for (int i = threadIdx.x; i < k; i += blockDim.x) out_e[i] = hashed[t * k + i];
+    for (int i = threadIdx.x; i < k; i += blockDim.x) chosen[i] = hashed[t * k + i];
   } else {
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    for (int round = 0; round < k; ++round) {
-      float v = -INFINITY;
-      int index = -1;
-      for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-        if (!taken[e] && (index < 0 || before(biased[e], e, v, index))) v = biased[e], index = e;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+      const float v = biased[e];
+      int rank = 0;
+      // 32 experts at a time, until k of them come before e: most experts stop early.
+      for (int o0 = 0; o0 < experts && rank < k; o0 += kWarp) {
+        const int end = min(experts, o0 + kWarp);
+#pragma unroll 8
+        for (int o = o0; o < end; ++o) rank += before(biased[o], o, v, e);
       }
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-        const int oi = __shfl_xor_sync(0xffffffffu, index, offset);
-        if (oi >= 0 && (index < 0 || before(ov, oi, v, index))) v = ov, index = oi;
-      }
-      if (lane == 0) best_value[warp] = v, best_index[warp] = index;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float bv = best_value[0];
-        int bi = best_index[0];
-        for (int w = 1; w < kWarps; ++w) {
-          if (best_index[w] >= 0 && (bi < 0 || before(best_value[w], best_index[w], bv, bi)))
-            bv = best_value[w], bi = best_index[w];
-        }
-        out_e[round] = bi;
-        taken[bi] = 1;
-      }
-      __syncthreads();
+      if (rank < k) chosen[rank] = e;
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += score[out_e[i]];
-    for (int i = 0; i < k; ++i) weights_out[t * k + i] = score[out_e[i]] / (sum + 1e-20f) * scaling;
+  if (threadIdx.x >= kWarp) return;
+  const int lane = threadIdx.x;
+  // ops/moe.cpp's weights: the chosen scores summed in selection order, each divided by the sum.
+  float sum = 0.0f;
+  for (int i = 0; i < k; ++i) sum += score[chosen[i]];
+  for (int i = lane; i < k; i += kWarp) {
+    experts_out[t * k + i] = chosen[i];
+    weights_out[t * k + i] = score[chosen[i]] / (sum + 1e-20f) * scaling;
   }
 }
 
@@ -91,7 +82,7 @@ void route(float* logits, int64_t tokens, int experts, ScoringFunc func, const f
   }
   if (tokens <= 0) return;
   if (tokens > 0x7fffffff) throw std::runtime_error("cuda::route: too many tokens");
-  const size_t shared = size_t(experts) * (2 * sizeof(float) + sizeof(int));
+  const size_t shared = size_t(experts) * 2 * sizeof(float) + size_t(k) * sizeof(int);
   if (shared > 48 * 1024) throw std::runtime_error("cuda::route: too many experts (" + std::to_string(experts) + ")");
   overlapped_launch("route launch", route_tokens, static_cast<unsigned>(tokens), kThreads, shared,
                     static_cast<cudaStream_t>(stream), logits, experts, func, bias, hashed, k, scaling, experts_out,
