@@ -95,7 +95,7 @@ void register_moe_routing(Registry& registry) {
                .archs = ArchSet::gpus_from(Arch::sm_80),
                .activations = {Activation::f32},
                .priority = 1,
-               .summary = "scores, biased top-k (block argmax per round) or tid2eid, normalized weights"};
+               .summary = "scores, biased top-k (each expert ranked at once) or tid2eid, normalized weights"};
   registry.add(std::move(k.with_entry(&route)));
 }
 
