@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""`keel bench` of two builds, alternating, in one run: the kind of A/B behind docs/perf.md's rows.
+
+    python3 tools/ab_bench.py --rounds 2 before/keel after/keel -- \\
+        --model flash4 --device cuda --prompt 512 --decode 32 --runs 2 \\
+        --batch 1,8,64 --batch-prompt 32
+
+Each round runs build A, then build B, with the same arguments and `--json`. Then it
+prints every figure's runs for each build, and B's mean against A's, in percent, with
+`+` where B is better (faster or more tokens/s) and `-` where it is worse. The
+alternation is there because a GPU's speed drifts over minutes (clocks, temperature):
+runs of one build after the other would carry that drift into the comparison. The
+copy bandwidth each run measured is printed too, as the roofline of that run.
+
+A run that fails stops the script, with its error output. Needs Python 3 alone.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+def figures(report):
+    """(name, value, higher_is_better) for each figure of one `keel bench --json` report."""
+    yield "prefill tok/s", report["prefill_tok_s"], True
+    yield "decode ms/token", 1e3 / report["decode_tok_s"], False
+    yield "share of copy bandwidth %", 100.0 * report["bandwidth_share"], True
+    for b in report["batched"]:
+        yield f"batched decode {b['batch']} tok/s", b["tok_s"], True
+    for p in report["prefill"]:
+        yield f"prefill {p['tokens']} tokens tok/s", p["tok_s"], True
+    for s in report["speculative"]:
+        yield f"speculative {s['drafts']} tok/s", s["tok_s"], True
+    yield "copy bandwidth GB/s (the run's roofline)", report["memory_read_gb_s"], None
+
+
+def bench(binary, args):
+    """One `keel bench` run: its report."""
+    try:
+        run = subprocess.run([binary, "bench", *args, "--json"], capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"cannot run {binary}: {e.strerror}")
+    if run.returncode != 0:
+        sys.exit(f"{binary} bench failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    # The report is the last line (progress and the kernel plan go to stderr or before it).
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="A, then B, this many times (default 2)")
+    parser.add_argument("a", help="build A's keel binary (before)")
+    parser.add_argument("b", help="build B's keel binary (after)")
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then keel bench's arguments")
+    o = parser.parse_args()
+    args = o.bench_args[1:] if o.bench_args[:1] == ["--"] else o.bench_args
+    if o.rounds < 1 or not args:
+        parser.error("needs --rounds of at least 1 and keel bench's arguments after --")
+
+    runs = {"A": [], "B": []}
+    for r in range(o.rounds):
+        for name, binary in (("A", o.a), ("B", o.b)):
+            runs[name].append(list(figures(bench(binary, args))))
+            print(f"round {r + 1}: {name} done", file=sys.stderr)
+
+    print(f"A: {o.a}\nB: {o.b}\nkeel bench {' '.join(args)}; {o.rounds} round(s), A then B each\n")
+    width = max(len(name) for name, _, _ in runs["A"][0])
+    for i, (name, _, higher) in enumerate(runs["A"][0]):
+        a = [run[i][1] for run in runs["A"]]
+        b = [run[i][1] for run in runs["B"]]
+        change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
+        verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
+        print(f"{name:<{width}}  A {cells(a)}  B {cells(b)}  B/A {change:+.1f}% {verdict}  "
+              f"(spread A {spread(a):.1f}%, B {spread(b):.1f}%)")
+
+
+def cells(values):
+    """A build's runs of one figure."""
+    return " / ".join(f"{v:.3f}" if v < 100 else f"{v:.1f}" for v in values)
+
+
+def spread(values):
+    """How far a build's runs of one figure lie apart, in percent of their mean: a change
+    smaller than this is not told apart from the noise."""
+    return (max(values) - min(values)) / statistics.mean(values) * 100.0
+
+
+if __name__ == "__main__":
+    main()
