@@ -72,8 +72,10 @@ def main():
         b = [run[i][1] for run in runs["B"]]
         change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
         verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
-        print(f"{name:<{width}}  A {cells(a)}  B {cells(b)}  B/A {change:+.1f}% {verdict}  "
-              f"(spread A {spread(a):.1f}%, B {spread(b):.1f}%)")
+        line = f"{name:<{width}}  A {cells(a)}  B {cells(b)}  B/A {change:+.1f}% {verdict}"
+        if o.rounds > 1:
+            line += f"  (spread A {spread(a):.1f}%, B {spread(b):.1f}%)"
+        print(line)
 
 
 def cells(values):
@@ -83,7 +85,8 @@ def cells(values):
 
 def spread(values):
     """How far a build's runs of one figure lie apart, in percent of their mean: a change
-    smaller than this is not told apart from the noise."""
+    smaller than this is not told apart from the noise (one round shows none: use two or
+    more)."""
     return (max(values) - min(values)) / statistics.mean(values) * 100.0
 
 
