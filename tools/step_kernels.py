@@ -11,10 +11,12 @@ graphs, whose nodes ncu would otherwise profile as one):
 
 A step is taken to end with the sampler's kernel (`summarize_kernel`), so the script
 prints the last whole step: its kernels in launch order with their durations and grids,
-then the same summed by kernel name. With `dram__bytes_read.sum` among ncu's metrics
-(`--metrics gpu__time_duration.sum,dram__bytes_read.sum`) it adds what each kernel read
-from memory and at what rate: ncu flushes the caches before each kernel, so that is the
-kernel's weights and whatever else it reads, as a decode step's weights would come.
+then the same summed by kernel name, then by part of the step (cut before each mHC site
+input and hc_head's first kernel: a sublayer a part). With `dram__bytes_read.sum` among
+ncu's metrics (`--metrics gpu__time_duration.sum,dram__bytes_read.sum`) it adds what each
+kernel read from memory and at what rate: ncu flushes the caches before each kernel, so
+that is the kernel's weights and whatever else it reads, as a decode step's weights
+would come.
 Needs Python 3 alone.
 """
 
@@ -80,6 +82,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", help="ncu --csv --page raw output with gpu__time_duration.sum")
     parser.add_argument("--step-end", default="summarize_kernel", help="the kernel that ends a step")
+    parser.add_argument("--part-start", default="site_in,mix_dots",
+                        help="kernels that begin a part of the step, comma-separated (default: each mHC site input, "
+                             "so a part is a sublayer, and hc_head's first kernel; empty: no parts)")
     args = parser.parse_args()
 
     kernels = read_kernels(args.csv)
@@ -101,6 +106,25 @@ def main():
         by_name[name][2] += bytes_read or 0.0
     for name, (count, ns, bytes_read) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
         print(f"{ns / 1e3:9.1f} us {100 * ns / total:5.1f}% {count:4d}x{traffic(bytes_read if measured else None, ns)}  {name}")
+    starts = [name for name in args.part_start.split(",") if name]
+    if starts:
+        print_parts(step, total, measured, starts)
+
+
+def print_parts(step, total, measured, starts):
+    """The step cut before each launch of a kernel named in `starts`: each part's launches,
+    time and reads (with the default, an attention or MoE sublayer apiece)."""
+    parts = []
+    for kernel in step:
+        if not parts or any(kernel[0].startswith(name) for name in starts):
+            parts.append([])
+        parts[-1].append(kernel)
+    print(f"\nby part (a new one at each {', '.join(starts)}):")
+    for i, part in enumerate(parts):
+        ns = sum(k[1] for k in part)
+        read = sum(k[4] for k in part) if measured else None
+        print(f"{i:4d} {ns / 1e3:9.1f} us {100 * ns / total:5.1f}% {len(part):4d}x{traffic(read, ns)}  "
+              f"from {part[0][0]}")
 
 
 if __name__ == "__main__":
