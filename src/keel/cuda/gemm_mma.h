@@ -65,8 +65,8 @@ struct HyperExpandInto {
 
 // linear_mma(w, x, y, tokens), then hyper_expand of y (or hyper_expand_pairs with y as
 // the shared expert's rows), in one launch per 8 tokens (it is made for decode steps) and
-// with those calls' bits; no y is written. Only for products linear_mma takes on the tensor cores (linear_mma_takes), 1 ≤ hc ≤
-// kMaxHyperStreams; anything else throws.
+// with those calls' bits; no y is written. Only for products linear_mma takes on the
+// tensor cores (linear_mma_takes), 1 ≤ hc ≤ kMaxHyperStreams; anything else throws.
 void linear_mma_expand(const DeviceWeight& w, const float* x, int64_t tokens, const HyperExpandInto& into,
                        void* stream = nullptr);
 
