@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""`keel bench` of two builds, alternating, in one run: the kind of A/B behind docs/perf.md's rows.
+"""`keel bench` of two builds or more, alternating, in one run: the kind of A/B behind docs/perf.md's rows.
 
-    python3 tools/ab_bench.py --rounds 2 before/keel after/keel -- \\
+    python3 tools/ab_bench.py --rounds 2 before/keel after/keel [other/keel ...] -- \\
         --model flash4 --device cuda --prompt 512 --decode 32 --runs 2 \\
         --batch 1,8,64 --batch-prompt 32
 
-Each round runs build A, then build B, with the same arguments and `--json`. Then it
-prints every figure's runs for each build, and B's mean against A's, in percent, with
-`+` where B is better (faster or more tokens/s) and `-` where it is worse. The
-alternation is there because a GPU's speed drifts over minutes (clocks, temperature):
-runs of one build after the other would carry that drift into the comparison. The
-copy bandwidth each run measured is printed too, as the roofline of that run.
+Each round runs build A, then build B (then C, ...), with the same arguments and
+`--json`. Then it prints every figure's runs for each build, and each later build's mean
+against A's, in percent, with `+` where it is better (faster or more tokens/s) and `-`
+where it is worse. The alternation is there because a GPU's speed drifts over minutes
+(clocks, temperature): runs of one build after the other would carry that drift into the
+comparison. The copy bandwidth each run measured is printed too, as the roofline of that
+run. A "build" is any executable taking keel's arguments: a script that sets an
+environment variable and runs keel compares settings of one binary.
 
 A run that fails stops the script, with its error output. Needs Python 3 alone.
 """
@@ -50,31 +52,38 @@ def bench(binary, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2, help="A, then B, this many times (default 2)")
-    parser.add_argument("a", help="build A's keel binary (before)")
-    parser.add_argument("b", help="build B's keel binary (after)")
-    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then keel bench's arguments")
-    o = parser.parse_args()
-    args = o.bench_args[1:] if o.bench_args[:1] == ["--"] else o.bench_args
-    if o.rounds < 1 or not args:
-        parser.error("needs --rounds of at least 1 and keel bench's arguments after --")
+    parser.add_argument("--rounds", type=int, default=2, help="every build once, this many times (default 2)")
+    parser.add_argument("builds", nargs="+", help="build A's keel binary (before), then B's (after), and any others")
+    argv = sys.argv[1:]
+    at = argv.index("--") if "--" in argv else len(argv)  # keel bench's arguments follow the first "--"
+    o = parser.parse_args(argv[:at])
+    args = argv[at + 1:]
+    if o.rounds < 1 or len(o.builds) < 2 or not args:
+        parser.error("needs --rounds of at least 1, two builds or more, and keel bench's arguments after --")
 
-    runs = {"A": [], "B": []}
+    names = [chr(ord("A") + i) for i in range(len(o.builds))]
+    runs = {name: [] for name in names}
     for r in range(o.rounds):
-        for name, binary in (("A", o.a), ("B", o.b)):
+        for name, binary in zip(names, o.builds):
             runs[name].append(list(figures(bench(binary, args))))
             print(f"round {r + 1}: {name} done", file=sys.stderr)
 
-    print(f"A: {o.a}\nB: {o.b}\nkeel bench {' '.join(args)}; {o.rounds} round(s), A then B each\n")
+    for name, binary in zip(names, o.builds):
+        print(f"{name}: {binary}")
+    print(f"keel bench {' '.join(args)}; {o.rounds} round(s), {' then '.join(names)} each\n")
     width = max(len(name) for name, _, _ in runs["A"][0])
-    for i, (name, _, higher) in enumerate(runs["A"][0]):
+    for i, (figure, _, higher) in enumerate(runs["A"][0]):
         a = [run[i][1] for run in runs["A"]]
-        b = [run[i][1] for run in runs["B"]]
-        change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
-        verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
-        line = f"{name:<{width}}  A {cells(a)}  B {cells(b)}  B/A {change:+.1f}% {verdict}"
+        line = f"{figure:<{width}}  A {cells(a)}"
         if o.rounds > 1:
-            line += f"  (spread A {spread(a):.1f}%, B {spread(b):.1f}%)"
+            line += f" (spread {spread(a):.1f}%)"
+        for name in names[1:]:
+            b = [run[i][1] for run in runs[name]]
+            change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
+            verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
+            line += f"  {name} {cells(b)} {name}/A {change:+.1f}% {verdict}"
+            if o.rounds > 1:
+                line += f" (spread {spread(b):.1f}%)"
         print(line)
 
 
