@@ -73,17 +73,15 @@ def main():
     print(f"keel bench {' '.join(args)}; {o.rounds} round(s), {' then '.join(names)} each\n")
     width = max(len(name) for name, _, _ in runs["A"][0])
     for i, (figure, _, higher) in enumerate(runs["A"][0]):
+        # A build's runs of the figure, and their spread where there are several.
+        column = lambda values: cells(values) + (f" (spread {spread(values):.1f}%)" if o.rounds > 1 else "")
         a = [run[i][1] for run in runs["A"]]
-        line = f"{figure:<{width}}  A {cells(a)}"
-        if o.rounds > 1:
-            line += f" (spread {spread(a):.1f}%)"
+        line = f"{figure:<{width}}  A {column(a)}"
         for name in names[1:]:
             b = [run[i][1] for run in runs[name]]
             change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
             verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
-            line += f"  {name} {cells(b)} {name}/A {change:+.1f}% {verdict}"
-            if o.rounds > 1:
-                line += f" (spread {spread(b):.1f}%)"
+            line += f"  {name} {column(b)} {name}/A {change:+.1f}% {verdict}"
         print(line)
 
 
