@@ -235,6 +235,38 @@ struct GpuModel::Mtp {
   DeviceBuffer<float> enorm, hnorm, norm, hc_fn, hc_base, hc_scale;
 };
 
+// A second stream for work that may run beside the main stream's: forked from it and
+// joined back within one sublayer, so that a decode graph's capture holds both ends.
+struct GpuModel::SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  SideStream() {
+    check_api(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (cudaEvent_t* e : {&fork, &join}) {
+      check_api(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {
+    if (stream) cudaStreamSynchronize(stream);
+    for (cudaEvent_t e : {fork, join}) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (stream) cudaStreamDestroy(stream);
+  }
+  // The side stream starts after what `main` has enqueued so far.
+  void start(cudaStream_t main) const {
+    check_api(cudaEventRecord(fork, main), "cudaEventRecord");
+    check_api(cudaStreamWaitEvent(stream, fork, 0), "cudaStreamWaitEvent");
+  }
+  // `main` goes on after what the side stream has enqueued so far.
+  void rejoin(cudaStream_t main) const {
+    check_api(cudaEventRecord(join, stream), "cudaEventRecord");
+    check_api(cudaStreamWaitEvent(main, join, 0), "cudaStreamWaitEvent");
+  }
+};
+
 // Page-locked host memory for what comes back (logits, sampling summaries), grown as
 // needed.
 template <typename T>
@@ -308,6 +340,7 @@ struct Step {
   cudaStream_t stream;
   int64_t count;  // rows (in a decode graph's step, padded to its bucket)
   DeviceJournal* journal = nullptr;  // speculative verification: keeps the compressors' inputs
+  const GpuModel::SideStream* side = nullptr;  // null: everything on `stream`
   float eps() const { return static_cast<float>(c.rms_norm_eps); }
 
   // y = x·Wᵀ through the plan's kernel for the weight's planned format.
@@ -819,7 +852,12 @@ void swiglu_limit(const Step& s, std::span<const SwigluPiece> pieces) {
 // that do not run it): moe_out projects it, on the way into the streams where it can.
 struct MoeOutput {
   const float *pairs, *weights, *shared_h;
+  const float* shared_y = nullptr;  // the shared expert's output, where it ran beside the routed experts
 };
+
+// The most rows for which the shared expert runs beside the routed experts (moe): decode
+// buckets and verify rows, not prefill.
+constexpr int64_t kSharedBesideMaxRows = 64;
 
 // Routing, then every (token, routed expert) pair through its expert with the expert
 // ids read on the device (no host round trip), and the shared expert.
@@ -830,8 +868,24 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
   // The router's scores and the shared expert's gate and up projections, all of x, at once.
   s.mark("moe: router, shared expert's gate and up");
   const bool shared_here = s.share.rank == 0;  // the shared expert, once across the ranks
+  // In a decode-sized call the products are too short to fill the GPU alone: the shared
+  // expert (w1/w3, SwiGLU, w2) runs on the side stream beside the gate, routing and
+  // routed experts (docs/perf.md, 2026-12-03). Prefill's long products fill it already.
+  const bool beside = shared_here && s.side && S <= kSharedBesideMaxRows;
   std::vector<Step::Projection> of_x{{&L.gate, &ws.scores}};
-  if (shared_here) of_x.insert(of_x.end(), {{&L.shared.w1, &ws.shared_g}, {&L.shared.w3, &ws.shared_up}});
+  if (shared_here && !beside) of_x.insert(of_x.end(), {{&L.shared.w1, &ws.shared_g}, {&L.shared.w3, &ws.shared_up}});
+  float* shared_y = nullptr;
+  if (beside) {
+    s.side->start(s.stream);
+    Step side = s;
+    side.stream = s.side->stream;
+    const Step::Projection gate_up[] = {{&L.shared.w1, &ws.shared_g}, {&L.shared.w3, &ws.shared_up}};
+    side.project_all(gate_up, x);
+    const SwigluPiece h[] = {{ws.shared_g.data(), ws.shared_up.data(), S * L.shared.w1.w.out}};
+    swiglu_limit(side, h);
+    shared_y = grow(ws.shared_out, S * c.hidden_size);
+    side.linear(L.shared.w2, ws.shared_g.data(), shared_y, S);
+  }
   s.project_all(of_x, x);
   float* scores = ws.scores.data();
   // A hash layer's experts, looked up on the host with the call's inputs.
@@ -846,7 +900,7 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
   s.mark("moe: routed experts");
   float* y = grow(ws.expert_out, pairs * D);
   std::vector<SwigluPiece> swiglus;  // the shared expert's gate and up are ready
-  if (shared_here) swiglus.push_back({ws.shared_g.data(), ws.shared_up.data(), S * L.shared.w1.w.out});
+  if (shared_here && !beside) swiglus.push_back({ws.shared_g.data(), ws.shared_up.data(), S * L.shared.w1.w.out});
   if (L.holds_any) {
     const int64_t I = L.like.w1.w.out;
     float* g = grow(ws.g, pairs * I);
@@ -878,7 +932,8 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
     swiglu_limit(s, swiglus);
   }
-  return {y, weights, shared_here ? ws.shared_g.data() : nullptr};
+  if (beside) s.side->rejoin(s.stream);
+  return {y, weights, shared_here && !beside ? ws.shared_g.data() : nullptr, shared_y};
 }
 
 // --- One decoder layer (§3.1) -------------------------------------------------------------
@@ -938,7 +993,7 @@ void moe_out(const Step& s, const HyperParams& hp, const GpuModel::Layer& L, con
   const bool one_rank = s.share.ranks() == 1;
   s.mark("moe: shared expert's down");
   if (one_rank && m.shared_h && product_expanded(s, hp, L.shared.w2, m.shared_h, &m)) return;
-  const float* shared = nullptr;
+  const float* shared = m.shared_y;
   if (m.shared_h) {
     float* ys = grow(ws.shared_out, s.count * s.c.hidden_size);
     s.linear(L.shared.w2, m.shared_h, ys, s.count);
@@ -1040,6 +1095,7 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
   m->work_ = std::make_unique<Workspace>();
   m->call_ = m->work_.get();
   m->graphs_ = std::make_unique<DecodeGraphs>();
+  m->side_ = std::make_unique<SideStream>();
 
   const ModelTensors& t = model.tensors();
   auto& owned = m->owned_;
@@ -1143,6 +1199,7 @@ GpuModel::GpuModel(const Model& host) : host_(host) {}
 GpuModel::~GpuModel() {
   cudaSetDevice(device_);
   graphs_.reset();  // its graphs and buffers, before the stream
+  side_.reset();
   for (DeviceWeight& w : owned_) release(w);
   release(rope_main_);
   release(rope_compress_);
@@ -1411,7 +1468,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   grow(ws.streams, S * hp.hc * D);
   const auto step = [&](int l) {
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
-    return Step{c, share_, layer_kernels_[l], rope, ws, stream_, S, journal};
+    return Step{c, share_, layer_kernels_[l], rope, ws, stream_, S, journal, side_.get()};
   };
   const int layers = c.num_hidden_layers;
   Pieces pieces(graphs, bucket, stream_);
