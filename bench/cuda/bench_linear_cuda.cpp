@@ -376,6 +376,10 @@ int main(int argc, char** argv) {
   check(cudaMalloc(reinterpret_cast<void**>(&att_out), size_t{kMostRows} * kAttHeads * kAttDim * sizeof(float)));
   check(cudaMalloc(reinterpret_cast<void**>(&att_scratch),
                    keel::cuda::attend_decode_scratch(kMostRows, kAttHeads, kAttDim, kLongest) * sizeof(float)));
+  unsigned* att_arrivals = nullptr;  // zero before the first call; each call leaves them so
+  const size_t counters = keel::cuda::attend_decode_arrivals(kMostRows, kAttHeads);
+  check(cudaMalloc(reinterpret_cast<void**>(&att_arrivals), counters * sizeof(unsigned)));
+  check(cudaMemset(att_arrivals, 0, counters * sizeof(unsigned)));
   std::mt19937 pick_rng(2);
   std::uniform_int_distribution<int32_t> pick(0, kKvRows - 1);
   std::vector<int32_t> index(size_t{kMostRows} * kLongest);
@@ -394,8 +398,8 @@ int main(int argc, char** argv) {
       check(cudaMemcpy(doffsets, offsets.data(), offsets.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
       const auto time = [&](auto* kernel) {
         return seconds([&] {
-          kernel(att_q, rows, kAttHeads, kAttDim, kv, dindex, doffsets, sinks, 0.05f, att_out, att_scratch, keys, {},
-                 nullptr);
+          kernel(att_q, rows, kAttHeads, kAttDim, kv, dindex, doffsets, sinks, 0.05f, att_out,
+                 {att_scratch, att_arrivals}, keys, {}, nullptr);
         }, iters);
       };
       const double cores = time(&keel::cuda::attend_decode), tensor = time(&keel::cuda::attend_mma_decode);

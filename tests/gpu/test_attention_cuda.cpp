@@ -118,7 +118,13 @@ void check_case(const Case& c, uint32_t seed, Attend kernel = &attend_decode, Pr
   const int max_keys = *std::max_element(c.keys.begin(), c.keys.end());
   const int64_t scratch_floats = attend_decode_scratch(sequences, H, hd, max_keys);
   float* dscratch = scratch_floats ? device_poisoned(scratch_floats) : nullptr;
-  kernel(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout, dscratch, max_keys, {}, nullptr);
+  // The arrival counters start at zero, and every call must leave them so: the calls of
+  // each sequence alone below reuse them.
+  const int64_t counters = attend_decode_arrivals(sequences, H);
+  unsigned* darrivals = device_copy(std::vector<unsigned>(counters, 0u));
+  kernel(dq, sequences, H, hd, dkv, dindex, doffsets, dsinks, scale, dout, {dscratch, darrivals}, max_keys, {},
+         nullptr);
+  EXPECT_EQ(host_copy(darrivals, counters), std::vector<unsigned>(counters, 0u)) << "arrival counters left non-zero";
   std::vector<float> got(q.size());
   ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < want.size(); ++i) {
@@ -136,8 +142,8 @@ void check_case(const Case& c, uint32_t seed, Attend kernel = &attend_decode, Pr
     float* alone = device_poisoned(per_sequence);
     const int64_t alone_scratch = attend_decode_scratch(1, H, hd, c.keys[b]);
     float* dalone_scratch = alone_scratch ? device_poisoned(alone_scratch) : nullptr;
-    kernel(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone, dalone_scratch,
-           c.keys[b], PagedTables{scope.copy(tables), 3}, nullptr);
+    kernel(dq + b * per_sequence, 1, H, hd, nullptr, dindex, doffsets + b, dsinks, scale, alone,
+           {dalone_scratch, darrivals}, c.keys[b], PagedTables{scope.copy(tables), 3}, nullptr);
     const std::vector<float> one = host_copy(alone, per_sequence);
     EXPECT_EQ(std::memcmp(one.data(), got.data() + b * per_sequence, per_sequence * sizeof(float)), 0)
         << "sequence " << b << " alone differs from the batched call";
@@ -146,7 +152,7 @@ void check_case(const Case& c, uint32_t seed, Attend kernel = &attend_decode, Pr
   }
   for (void* p : {static_cast<void*>(dq), static_cast<void*>(dkv), static_cast<void*>(dsinks),
                   static_cast<void*>(dindex), static_cast<void*>(doffsets), static_cast<void*>(dout),
-                  static_cast<void*>(dscratch)})
+                  static_cast<void*>(dscratch), static_cast<void*>(darrivals)})
     cudaFree(p);
 }
 
@@ -188,7 +194,7 @@ TEST(CudaAttention, SplitKeysMatchCpuReference) {
 
 TEST(CudaAttention, RefusesHeadDimOverLimit) {
   EXPECT_THROW(attend_decode(nullptr, 1, 1, kMaxAttentionHeadDim + 1, nullptr, nullptr, nullptr, nullptr, 1.0f,
-                             nullptr, nullptr, 1),
+                             nullptr, {}, 1),
                std::runtime_error);
 }
 
@@ -238,7 +244,7 @@ TEST(CudaMmaAttention, DecodeEntryMatchesCpuReference) {
 
 TEST(CudaMmaAttention, RefusesHeadDimOverLimit) {
   EXPECT_THROW(attend_mma(nullptr, 1, 1, kMaxAttentionHeadDim + 1, nullptr, nullptr, nullptr, nullptr, 1.0f, nullptr,
-                          nullptr, 1),
+                          {}, 1),
                std::runtime_error);
 }
 

@@ -29,13 +29,57 @@ __host__ __device__ constexpr int splits_of(int keys, int keys_per_split = kKeys
   return keys <= keys_per_split ? 1 : min(kMaxSplits, (keys + keys_per_split - 1) / keys_per_split);
 }
 
+// One (sequence, head)'s split pieces p (a row of head_dim + 2 per split: m, l, then the
+// head_dim sums) merged into `out`: rescaled to their common max and added, in split
+// order. The thread takes columns first + step·i, i < kColumns. Every split's m and l
+// are loaded at once, then each split's columns at once (the loops are unrolled), so a
+// merge costs a memory round trip or two per split, not one per split and column. The
+// loads go through L2 alone: other blocks of the same launch may have written the pieces.
+template <int kColumns>
+__device__ __forceinline__ void merge_splits(const float* p, int splits, int head_dim, float* __restrict__ out,
+                                             int first, int step) {
+  float m[kMaxSplits], weight[kMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) m[s] = s < splits ? __ldcg(p + s * (head_dim + 2)) : -INFINITY;
+  float top = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s < splits) top = fmaxf(top, m[s]);
+  }
+  float l = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    weight[s] = s < splits ? expf(m[s] - top) : 0.0f;
+    if (s < splits) l += __ldcg(p + s * (head_dim + 2) + 1) * weight[s];
+  }
+  float sum[kColumns] = {};
+#pragma unroll
+  for (int s = 0; s < kMaxSplits; ++s) {
+    if (s >= splits) break;
+    float piece[kColumns];
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int d = first + step * i;
+      piece[i] = d < head_dim ? __ldcg(p + s * (head_dim + 2) + 2 + d) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) sum[i] += piece[i] * weight[s];
+  }
+#pragma unroll
+  for (int i = 0; i < kColumns; ++i) {
+    if (const int d = first + step * i; d < head_dim) out[d] = sum[i] / l;
+  }
+}
+
 // Block (head group, sequence, split), with `paged` the sequence's keys through its block
 // table, else rows of `kv`: each warp keeps its head's query slice, running
 // max m, denominator l and weighted key sum in registers (lane holds channels
 // lane + 32·i) and folds in its split's keys one tile at a time (online softmax). The
 // sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
 // splits start empty (m = −inf, l = 0). With one split the result is written as is;
-// with several, each split's (m, l, sum) goes to `partial` for `combine`.
+// with several, each split's (m, l, sum) goes to `partial`, and the head group's last
+// block to finish (counted in arrivals[sequence · heads + head group], which it resets)
+// merges them (merge_splits, as the tensor-core kernel's combine launch does).
 //
 // The split's key rows are found kFound at a time (one thread a key, all in flight at
 // once), and each tile is copied into shared memory (cp.async, two buffers) while the
@@ -47,10 +91,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
-           PagedTables paged) {
+           unsigned* __restrict__ arrivals, PagedTables paged) {
   __shared__ __align__(16) float tiles[2][kTile * kMaxAttentionHeadDim];
   __shared__ const float* rows[kFound];  // key rows of the current pass
-  let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -151,9 +194,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
       __syncthreads();  // its buffer is free for tile t + 2
     }
   }
-  if (!active) return;
+  float* orow = out + (int64_t{b} * heads + h) * head_dim;
   if (splits == 1) {
-    float* orow = out + (int64_t{b} * heads + h) * head_dim;
+    if (!active) return;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane + kWarp * i;
@@ -162,53 +205,38 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     return;
   }
   // partial[(b, h, split)] = m, l, then head_dim sums; rows of gridDim.z splits each.
-  float* prow = partial + ((int64_t{b} * heads + h) * gridDim.z + split) * (head_dim + 2);
-  if (lane == 0) prow[0] = m, prow[1] = l;
+  const float* pieces = partial + (int64_t{b} * heads + h) * gridDim.z * (head_dim + 2);
+  if (active) {
+    float* prow = partial + ((int64_t{b} * heads + h) * gridDim.z + split) * (head_dim + 2);
+    if (lane == 0) prow[0] = m, prow[1] = l;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int d = lane + kWarp * i;
-    if (d < head_dim) prow[2 + d] = acc[i];
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + kWarp * i;
+      if (d < head_dim) prow[2 + d] = acc[i];
+    }
   }
+  __shared__ bool last;
+  __threadfence();  // this block's pieces before its arrival
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned& arrived = arrivals[int64_t{b} * heads + blockIdx.x];
+    last = atomicAdd(&arrived, 1u) == static_cast<unsigned>(splits) - 1;
+    if (last) arrived = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (last && active) merge_splits<kPerLane>(pieces, splits, head_dim, orow, lane, kWarp);
 }
 
-// One block per (sequence, head) of a sequence whose keys were split, a thread per
-// column: the splits' softmax pieces rescaled to their common max and added, in split
-// order. Each split's m and l, and then the column's sums, are loaded all at once (the
-// loops are unrolled to kMaxSplits), so the block costs two memory round trips after
-// its list's length, not one per split or per column.
+// The tensor-core kernel's merge: one block per (sequence, head) of a sequence whose keys
+// were split, a thread per column (merge_splits; launched with head_dim threads or more).
 __global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
                         int head_dim, int stride, int keys_per_split, float* __restrict__ out) {
   wait_for_inputs();
   let_next_start();
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int splits = splits_of(key_offsets[b + 1] - key_offsets[b], keys_per_split);
-  if (splits == 1) return;  // written by the decode kernel
-  const float* p = partial + bh * stride * (head_dim + 2);
-  float m[kMaxSplits], weight[kMaxSplits];
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) m[s] = s < splits ? p[s * (head_dim + 2)] : -INFINITY;
-  float top = -INFINITY;
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    if (s < splits) top = fmaxf(top, m[s]);
-  }
-  float l = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxSplits; ++s) {
-    weight[s] = s < splits ? expf(m[s] - top) : 0.0f;
-    if (s < splits) l += p[s * (head_dim + 2) + 1] * weight[s];
-  }
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float sums[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) sums[s] = s < splits ? p[s * (head_dim + 2) + 2 + d] : 0.0f;
-    float sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits) sum += sums[s] * weight[s];
-    }
-    out[bh * head_dim + d] = sum / l;
-  }
+  if (splits == 1) return;  // written by the attention kernel
+  merge_splits<1>(partial + bh * stride * (head_dim + 2), splits, head_dim, out + bh * head_dim, threadIdx.x, 0);
 }
 
 
@@ -441,6 +469,8 @@ int64_t attend_decode_scratch(int sequences, int heads, int head_dim, int max_ke
   return splits == 1 ? 0 : int64_t{sequences} * heads * splits * (head_dim + 2);
 }
 
+int64_t attend_decode_arrivals(int sequences, int heads) { return int64_t{sequences} * heads; }
+
 namespace {
 
 // What both launchers check before launching.
@@ -467,17 +497,18 @@ void launch_combine(const float* scratch, const int32_t* key_offsets, int sequen
 
 void attend_decode(const float* q, int sequences, int heads, int head_dim, const float* kv,
                    const int32_t* key_index, const int32_t* key_offsets, const float* sinks, float scale,
-                   float* out, float* scratch, int max_keys, PagedTables paged, void* stream_ptr) {
+                   float* out, SplitScratch scratch, int max_keys, PagedTables paged, void* stream_ptr) {
   check_call("cuda::attend_decode", sequences, head_dim, paged);
   if (sequences <= 0 || heads <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const int splits = splits_of(max_keys);
-  if (splits > 1 && scratch == nullptr) throw std::runtime_error("cuda::attend_decode: no scratch for split keys");
+  if (splits > 1 && (scratch.partial == nullptr || scratch.arrivals == nullptr)) {
+    throw std::runtime_error("cuda::attend_decode: no scratch (partial sums and arrival counters) for split keys");
+  }
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
   decode<<<grid, kHeadsPerBlock * kWarp, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
-                                                      scratch, paged);
+                                                      scratch.partial, scratch.arrivals, paged);
   check(cudaGetLastError(), "attend_decode launch");
-  if (splits > 1) launch_combine(scratch, key_offsets, sequences, heads, head_dim, splits, kKeysPerSplit, out, stream);
 }
 
 namespace {
@@ -500,17 +531,17 @@ void launch_mma(const char* who, const float* q, int rows, int heads, int head_d
 }  // namespace
 
 void attend_mma(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
-                const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                const int32_t* key_offsets, const float* sinks, float scale, float* out, SplitScratch scratch,
                 int max_keys, PagedTables paged, void* stream) {
-  launch_mma("cuda::attend_mma", q, rows, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out, scratch,
-             max_keys, paged, mma_rows::kPrefillKeysPerSplit, stream);
+  launch_mma("cuda::attend_mma", q, rows, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
+             scratch.partial, max_keys, paged, mma_rows::kPrefillKeysPerSplit, stream);
 }
 
 void attend_mma_decode(const float* q, int rows, int heads, int head_dim, const float* kv, const int32_t* key_index,
-                       const int32_t* key_offsets, const float* sinks, float scale, float* out, float* scratch,
+                       const int32_t* key_offsets, const float* sinks, float scale, float* out, SplitScratch scratch,
                        int max_keys, PagedTables paged, void* stream) {
   launch_mma("cuda::attend_mma_decode", q, rows, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
-             scratch, max_keys, paged, kKeysPerSplit, stream);
+             scratch.partial, max_keys, paged, kKeysPerSplit, stream);
 }
 
 void register_attention(Registry& registry) {

@@ -300,7 +300,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<int64_t> positions, entry_positions;
   DeviceBuffer<float> streams, x, y, pre, post, comb, mix_scratch;
-  DeviceBuffer<unsigned> mix_arrivals;  // hyper_in's counters: zero between its launches
+  DeviceBuffer<unsigned> mix_arrivals, attention_arrivals;  // kernels' counters: zero between their launches
   DeviceBuffer<float> qr, q, o, attention_scratch, group_in, group_out, u, index_q, index_w, index_scores;
   DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, rows_kv, rows_gate, slot_values, slot_gates;
   DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
@@ -309,7 +309,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
   DeviceBuffer<const float*> key_tables, index_tables;                 // block pointers, part after part
   DeviceBuffer<const float* const*> key_table_rows, index_table_rows;  // per row: its part's table
-  DeviceBuffer<CopyJob> copy_jobs;
+  DeviceBuffer<CopyJob> copy_jobs, ring_jobs;  // ring_jobs: the side stream's (attention_core)
   DeviceBuffer<int64_t> window_starts;
   DeviceBuffer<float> pooled;
   DeviceBuffer<SummaryTask> sample_tasks;
@@ -320,6 +320,15 @@ namespace {
 
 float* grow(DeviceBuffer<float>& b, int64_t n) {
   b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// At least n counters of a kernel that leaves them zero: those added start at zero.
+unsigned* grow_counters(DeviceBuffer<unsigned>& b, int64_t n, cudaStream_t stream) {
+  if (const size_t had = b.size(); had < static_cast<size_t>(n)) {
+    b.resize(static_cast<size_t>(n));
+    check_api(cudaMemsetAsync(b.data() + had, 0, (n - had) * sizeof(unsigned), stream), "cudaMemsetAsync");
+  }
   return b.data();
 }
 
@@ -385,15 +394,16 @@ struct Part {
 constexpr size_t kF = sizeof(float);
 constexpr int64_t kAttentionScratch = int64_t{256} << 20;  // bytes of split-key partial sums at most
 
-// Runs `jobs` in one launch, then clears them.
-void copy_jobs(const Step& s, std::vector<CopyJob>& jobs) {
+// Runs `jobs` in one launch on s.stream, their table uploaded into `table`, then clears them.
+void copy_jobs(const Step& s, std::vector<CopyJob>& jobs, DeviceBuffer<CopyJob>& table) {
   if (jobs.empty()) return;
   int64_t longest = 0;
   for (const CopyJob& j : jobs) longest = std::max(longest, j.count);
-  s.ws.stage.upload(s.ws.copy_jobs, std::span<const CopyJob>(jobs), s.stream);
-  copy_batch(s.ws.copy_jobs.data(), static_cast<int64_t>(jobs.size()), longest, s.stream);
+  s.ws.stage.upload(table, std::span<const CopyJob>(jobs), s.stream);
+  copy_batch(table.data(), static_cast<int64_t>(jobs.size()), longest, s.stream);
   jobs.clear();
 }
+void copy_jobs(const Step& s, std::vector<CopyJob>& jobs) { copy_jobs(s, jobs, s.ws.copy_jobs); }
 
 // --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
 
@@ -688,6 +698,28 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   GpuModel::Workspace& ws = s.ws;
   const Projected in = projected(ws, L);
   float* kv = in.kv;
+  for (const Part& part : parts) {
+    DeviceLayerState& st = part.sequence->layers[layer];
+    if (st.ring.empty()) st.ring.resize(sw);
+  }
+
+  // A one-token part's key goes into its ring on the side stream, beside the rest of the
+  // core: its slot (position p % sw) held position p - sw, which no list of this call
+  // reads. A longer chunk's earlier rows read slots its later keys overwrite, so its keys
+  // go in after the attention (at the end, on the stream).
+  const auto ring_beside = [&](const Part& part) { return s.side && part.count == 1; };
+  std::vector<CopyJob> beside;
+  for (const Part& part : parts) {
+    if (!ring_beside(part)) continue;
+    DeviceLayerState& st = part.sequence->layers[layer];
+    beside.push_back({st.ring.write_row(part.start % sw), kv + part.row * hd, hd});  // after any block copy it makes
+  }
+  if (!beside.empty()) {
+    s.side->start(s.stream);
+    Step side = s;
+    side.stream = s.side->stream;
+    copy_jobs(side, beside, ws.ring_jobs);
+  }
 
   s.mark("attention: compressor windows");
   if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
@@ -705,7 +737,6 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   for (const Part& part : parts) {  // this chunk's compressor rows and entries into each sequence's state
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t n = part.count;
-    if (st.ring.empty()) st.ring.resize(sw);
     if (L.compressor) {
       const int64_t width = L.compressor->width();
       compress(*L.compressor, st.compressor, in.ckv + part.row * width, in.cgate + part.row * width, n, st.entries,
@@ -767,7 +798,9 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
   const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
   const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
-  float* scratch = grow(ws.attention_scratch, group * per_row);
+  const int64_t counters = attend_decode_arrivals(static_cast<int>(group), static_cast<int>(H));
+  const SplitScratch scratch{grow(ws.attention_scratch, group * per_row),
+                             grow_counters(ws.attention_arrivals, counters, s.stream)};
   // A part's rows go through its own kind's kernel, so a row's bits never depend on the
   // other parts of the call: one-token parts (decode) through the decode kernel, longer
   // chunks through the prefill kernel, and a verification's drafts (a call with a
@@ -792,6 +825,7 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
     }
   }
   for (const Part& part : parts) {  // then the ring keeps the newest keys
+    if (ring_beside(part)) continue;
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t end = part.start + part.count;
     for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
@@ -800,6 +834,7 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   }
   for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   copy_jobs(s, jobs);
+  if (!beside.empty()) s.side->rejoin(s.stream);
 }
 
 // Every row's inverse rope on ws.o, then the grouped output projection (wo_a): wo_b's
@@ -946,14 +981,10 @@ const float* hyper_in(const Step& s, const HyperParams& hp, const DeviceSite& si
   const SiteMix out{grow(ws.pre, S * hp.hc), grow(ws.post, S * hp.hc), grow(ws.comb, S * hp.hc * hp.hc),
                     grow(ws.x, S * D)};
   float* scratch = grow(ws.mix_scratch, std::max<int64_t>(1, hyper_in_scratch(hp, S)));
-  if (const size_t had = ws.mix_arrivals.size(); had < static_cast<size_t>(S)) {  // new counters start at zero
-    ws.mix_arrivals.resize(S);
-    check_api(cudaMemsetAsync(ws.mix_arrivals.data() + had, 0, (S - had) * sizeof(unsigned), s.stream),
-              "cudaMemsetAsync");
-  }
+  unsigned* arrivals = grow_counters(ws.mix_arrivals, S, s.stream);
   s.mark("mhc: mix, collapse, norm");
   s.k.mix(hp, {site.fn.data(), site.base.data(), site.scale.data(), norm.data()}, ws.streams.data(), S, out, scratch,
-          ws.mix_arrivals.data(), s.stream);
+          arrivals, s.stream);
   return out.x;
 }
 
