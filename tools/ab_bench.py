@@ -14,14 +14,23 @@ comparison. The copy bandwidth each run measured is printed too, as the roofline
 run. A "build" is any executable taking keel's arguments: a script that sets an
 environment variable and runs keel compares settings of one binary.
 
+With --same-logits N, each build first writes the logits of N token ids fed one at a
+time (`keel logits --decode`, with the bench's --model and --device; ids below 512), and
+each later build's must equal A's byte for byte: a change meant to keep the bits is
+checked in the same run. A difference is printed (where the first one lies) and makes
+the exit status 1 once the figures are printed.
+
 A run that fails stops the script, with its error output. Needs Python 3 alone.
 """
 
 import argparse
+import ast
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 
 def figures(report):
@@ -50,9 +59,73 @@ def bench(binary, args):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def option(args, name):
+    """The value of keel's option `name` in args (`--name value` or `--name=value`), or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
+
+
+def logits(binary, model, device, ids_file, out):
+    """The build's logits of the ids, fed one at a time, as the bytes of its .npy file."""
+    command = [binary, "logits", "--model", model, "--ids", ids_file, "--out", out, "--decode"]
+    if device:
+        command += ["--device", device]
+    try:
+        run = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"cannot run {binary}: {e.strerror}")
+    if run.returncode != 0:
+        sys.exit(f"{binary} logits failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    with open(out, "rb") as f:
+        return f.read()
+
+
+def first_difference(a, b):
+    """Where two float32 .npy files of logits [tokens, vocab] first differ: a phrase for the report."""
+    if len(a) != len(b):
+        return f"{len(a)} against {len(b)} bytes"
+    at = next(i for i in range(len(a)) if a[i] != b[i])
+    # .npy: magic, version (2 bytes), header length (2 bytes, little-endian, version 1),
+    # the header (a dict with the shape), then the values.
+    start = 10 + int.from_bytes(a[8:10], "little")
+    if at < start:
+        return "in the .npy header"
+    shape = ast.literal_eval(a[10:start].decode("latin1").strip())["shape"]
+    value = (at - start) // 4
+    return f"first at token {value // shape[1]}, logit {value % shape[1]}"
+
+
+def same_logits(names, builds, args, count):
+    """Each build's logits of `count` ids against A's; True where all are the same bits."""
+    model = option(args, "--model")
+    if model is None:
+        sys.exit("--same-logits needs --model among keel bench's arguments")
+    device = option(args, "--device")
+    with tempfile.TemporaryDirectory() as folder:
+        ids_file = os.path.join(folder, "ids.txt")
+        with open(ids_file, "w") as f:
+            f.write("\n".join(str((97 * i + 11) % 512) for i in range(count)) + "\n")
+        outputs = [logits(b, model, device, ids_file, os.path.join(folder, f"{n}.npy")) for n, b in zip(names, builds)]
+    same = True
+    for name, out in zip(names[1:], outputs[1:]):
+        if out == outputs[0]:
+            print(f"logits of {count} ids, one at a time: {name} the same bits as A")
+        else:
+            print(f"logits of {count} ids, one at a time: {name} DIFFERS from A ({first_difference(outputs[0], out)})")
+            same = False
+    print()
+    return same
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="every build once, this many times (default 2)")
+    parser.add_argument("--same-logits", type=int, default=0, metavar="N",
+                        help="first check that every build gives A's logits of N ids bit for bit (default 0: no check)")
     parser.add_argument("builds", nargs="+", help="build A's keel binary (before), then B's (after), and any others")
     argv = sys.argv[1:]
     at = argv.index("--") if "--" in argv else len(argv)  # keel bench's arguments follow the first "--"
@@ -62,6 +135,7 @@ def main():
         parser.error("needs --rounds of at least 1, two builds or more, and keel bench's arguments after --")
 
     names = [chr(ord("A") + i) for i in range(len(o.builds))]
+    same = same_logits(names, o.builds, args, o.same_logits) if o.same_logits > 0 else True
     runs = {name: [] for name in names}
     for r in range(o.rounds):
         for name, binary in zip(names, o.builds):
@@ -83,6 +157,8 @@ def main():
             verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
             line += f"  {name} {column(b)} {name}/A {change:+.1f}% {verdict}"
         print(line)
+    if not same:
+        sys.exit(1)
 
 
 def cells(values):
