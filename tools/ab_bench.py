@@ -47,16 +47,21 @@ def figures(report):
     yield "copy bandwidth GB/s (the run's roofline)", report["memory_read_gb_s"], None
 
 
-def bench(binary, args):
-    """One `keel bench` run: its report."""
+def keel(binary, command, args):
+    """`binary command args...`: its standard output; a failure stops the script, with its error output."""
     try:
-        run = subprocess.run([binary, "bench", *args, "--json"], capture_output=True, text=True)
+        run = subprocess.run([binary, command, *args], capture_output=True, text=True)
     except OSError as e:
         sys.exit(f"cannot run {binary}: {e.strerror}")
     if run.returncode != 0:
-        sys.exit(f"{binary} bench failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+        sys.exit(f"{binary} {command} failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    return run.stdout
+
+
+def bench(binary, args):
+    """One `keel bench` run: its report."""
     # The report is the last line (progress and the kernel plan go to stderr or before it).
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(keel(binary, "bench", [*args, "--json"]).strip().splitlines()[-1])
 
 
 def option(args, name):
@@ -71,15 +76,8 @@ def option(args, name):
 
 def logits(binary, model, device, ids_file, out):
     """The build's logits of the ids, fed one at a time, as the bytes of its .npy file."""
-    command = [binary, "logits", "--model", model, "--ids", ids_file, "--out", out, "--decode"]
-    if device:
-        command += ["--device", device]
-    try:
-        run = subprocess.run(command, capture_output=True, text=True)
-    except OSError as e:
-        sys.exit(f"cannot run {binary}: {e.strerror}")
-    if run.returncode != 0:
-        sys.exit(f"{binary} logits failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    keel(binary, "logits", ["--model", model, "--ids", ids_file, "--out", out, "--decode"] +
+         (["--device", device] if device else []))
     with open(out, "rb") as f:
         return f.read()
 
