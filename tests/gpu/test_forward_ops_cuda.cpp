@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "cuda/forward_ops.h"
@@ -43,6 +44,43 @@ TEST(CudaForwardOps, CopyBatchCopiesEveryJobAndNothingElse) {
   cudaFree(src);
   cudaFree(dst);
   cudaFree(const_cast<CopyJob*>(djobs));
+}
+
+// Moves of 16 bytes, of a block's vectors and one more, and past the grid's stride
+// (the kernel's loop), from page-locked host memory read through its device address
+// and from device memory, into separate places of one poisoned buffer: every byte
+// lands, nothing between them is written; addresses or sizes off 16 are refused.
+TEST(CudaForwardOps, CopyBytesMovesHostAndDeviceBytesExactly) {
+  const std::vector<int64_t> sizes{16, 256 * 16 + 16, 70000 * 16};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n / 4 + 4;  // floats; 4 floats of gap after each
+  const std::vector<float> source = keel::testing::random_normal(total, 7);
+  float* host = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host), total * sizeof(float), cudaHostAllocMapped), cudaSuccess);
+  std::memcpy(host, source.data(), total * sizeof(float));
+  float* host_on_device = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_on_device), host, 0), cudaSuccess);
+  float* on_device = device_copy(source);
+  for (const float* src : {static_cast<const float*>(host_on_device), static_cast<const float*>(on_device)}) {
+    float* dst = device_poisoned(total);
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+      copy_bytes(dst + at, src + at, n);
+      at += n / 4 + 4;
+    }
+    const std::vector<float> got = host_copy(dst, total);
+    at = 0;
+    for (int64_t n : sizes) {
+      EXPECT_EQ(std::memcmp(got.data() + at, source.data() + at, n), 0) << "move of " << n << " bytes";
+      for (int64_t g = 0; g < 4; ++g) EXPECT_TRUE(std::isnan(got[at + n / 4 + g])) << "gap after " << n << " bytes";
+      at += n / 4 + 4;
+    }
+    EXPECT_THROW(copy_bytes(dst + 1, src, 16), std::runtime_error);
+    EXPECT_THROW(copy_bytes(dst, src, 20), std::runtime_error);
+    cudaFree(dst);
+  }
+  cudaFree(on_device);
+  cudaFreeHost(host);
 }
 
 // Compressor slots by their definition (dsv4-forward.md §5.6, §5.7), for windows at

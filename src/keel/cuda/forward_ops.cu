@@ -2,6 +2,7 @@
 #include "cuda/forward_ops.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 namespace keel::cuda {
@@ -32,6 +33,10 @@ __global__ void copy_kernel(const CopyJob* jobs) {
       if (const int64_t i = first + j * kThreads; i < job.count) job.dst[i] = v[j];
     }
   }
+}
+
+__global__ void copy_bytes_kernel(int4* dst, const int4* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) dst[i] = src[i];
 }
 
 __global__ void add_to_groups_kernel(float* y, const float* e, int64_t rows, int group, int64_t width) {
@@ -81,6 +86,19 @@ void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream) {
   copy_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(std::min<int64_t>(chunks, 65535))), kThreads, 0,
                 static_cast<cudaStream_t>(stream)>>>(jobs);
   check(cudaGetLastError(), "copy_batch launch");
+}
+
+void copy_bytes(void* dst, const void* src, int64_t bytes, void* stream) {
+  if (bytes <= 0) return;
+  if (bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16) {
+    throw std::runtime_error("cuda::copy_bytes: addresses and size must be multiples of 16");
+  }
+  const int64_t n = bytes / 16;
+  // Enough blocks to keep many reads in flight over the host link, not one a vector.
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 256));
+  copy_bytes_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<int4*>(dst),
+                                                                                 static_cast<const int4*>(src), n);
+  check(cudaGetLastError(), "copy_bytes launch");
 }
 
 void add_to_groups(float* y, const float* e, int64_t rows, int group, int64_t width, void* stream) {

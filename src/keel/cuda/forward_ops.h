@@ -20,6 +20,12 @@ struct CopyJob {
 // `longest` bounds every job's count.
 void copy_batch(const CopyJob* jobs, int64_t n, int64_t longest, void* stream = nullptr);
 
+// `bytes` from src to dst by a kernel, where src may be page-locked host memory mapped
+// into the device's address space: a small host-to-device move that starts in about
+// 3 us, where a DMA copy (cudaMemcpyAsync) of 2 KB takes about 10 (docs/perf.md).
+// Both addresses and `bytes` are multiples of 16.
+void copy_bytes(void* dst, const void* src, int64_t bytes, void* stream = nullptr);
+
 // y[(t·group + j)·width + c] += e[t·width + c] for t < rows, j < group: a row of e added to
 // each of its token's `group` rows (the MTP layer's embedding term on every stream).
 void add_to_groups(float* y, const float* e, int64_t rows, int group, int64_t width, void* stream = nullptr);

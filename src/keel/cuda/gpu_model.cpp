@@ -117,51 +117,75 @@ void upload_floats(DeviceBuffer<float>& d, const std::vector<float>& host) { d.a
 
 }  // namespace
 
-// Host-to-device copies that do not stall the stream: a copy from pageable memory waits
-// for the stream to drain, so values go through pinned chunks instead, reused once the
-// forward call has ended (its final copy back synchronizes the stream).
+// A call's host-made values for the device (key lists, block tables, copy jobs), staged
+// in page-locked chunks that device chunks mirror at the same offsets: stage() returns
+// where the values will be, flush() moves everything staged since the last flush, in
+// one launch a chunk. A small copy costs the stream about the same whatever its size
+// (3 us by kernel, 3 to 10 by DMA; docs/perf.md), so an attention core stages all it
+// needs and flushes once. Chunks are reused once the call has ended (its final copy
+// back synchronizes the stream).
 class Staging {
  public:
   Staging() = default;
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
   ~Staging() {
-    for (const Chunk& c : chunks_) cudaFreeHost(c.data);
+    for (const Chunk& c : chunks_) cudaFreeHost(c.host), cudaFree(c.device);
   }
-  void reset() { current_ = used_ = 0; }
+  void reset() {
+    for (Chunk& c : chunks_) c.used = 0;
+    current_ = flushed_chunk_ = flushed_at_ = 0;
+  }
+  // The device address `values` will have after the next flush (null when empty).
   template <typename T>
-  void upload(DeviceBuffer<T>& to, std::span<const T> values, cudaStream_t stream) {
-    to.resize(values.size());
+  T* stage(std::span<const T> values) {
     const size_t bytes = values.size_bytes();
-    if (bytes == 0) return;
-    void* pinned = take(bytes);
-    std::memcpy(pinned, values.data(), bytes);
-    check_api(cudaMemcpyAsync(to.data(), pinned, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    if (bytes == 0) return nullptr;
+    Chunk& c = take(bytes);
+    std::memcpy(c.host + c.used, values.data(), bytes);
+    T* at = reinterpret_cast<T*>(c.device + c.used);
+    c.used += (bytes + kAlign - 1) / kAlign * kAlign;
+    return at;
+  }
+  // What was staged since the last flush goes to the device, in order on `stream`.
+  void flush(cudaStream_t stream) {
+    for (size_t i = flushed_chunk_; i < chunks_.size() && i <= current_; ++i) {
+      const Chunk& c = chunks_[i];
+      const size_t from = i == flushed_chunk_ ? flushed_at_ : 0;
+      if (c.used - from > kKernelMoveMax) {  // large (a long prefill's key lists): DMA
+        check_api(cudaMemcpyAsync(c.device + from, c.host + from, c.used - from, cudaMemcpyHostToDevice, stream),
+                  "cudaMemcpyAsync");
+      } else {
+        copy_bytes(c.device + from, c.mapped + from, static_cast<int64_t>(c.used - from), stream);
+      }
+    }
+    flushed_chunk_ = current_;
+    flushed_at_ = chunks_.empty() ? 0 : chunks_[current_].used;
   }
 
  private:
+  static constexpr size_t kAlign = 256;
+  static constexpr size_t kKernelMoveMax = size_t{1} << 20;  // measured up to 256 KB: the kernel wins
   struct Chunk {
-    void* data;
-    size_t bytes;
+    uint8_t *host, *mapped, *device;  // mapped: the host bytes' address on the device
+    size_t bytes, used = 0;
   };
-  void* take(size_t bytes) {
-    bytes = (bytes + 255) / 256 * 256;
-    while (current_ < chunks_.size() && used_ + bytes > chunks_[current_].bytes) {
-      ++current_;
-      used_ = 0;
-    }
+  Chunk& take(size_t bytes) {
+    while (current_ < chunks_.size() && chunks_[current_].used + bytes > chunks_[current_].bytes) ++current_;
     if (current_ == chunks_.size()) {
-      Chunk c{nullptr, std::max<size_t>(bytes, size_t{1} << 20)};
-      check_api(cudaMallocHost(&c.data, c.bytes), "cudaMallocHost");
+      Chunk c{nullptr, nullptr, nullptr, std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, size_t{1} << 20)};
+      check_api(cudaHostAlloc(reinterpret_cast<void**>(&c.host), c.bytes, cudaHostAllocMapped), "cudaHostAlloc");
+      check_api(cudaHostGetDevicePointer(reinterpret_cast<void**>(&c.mapped), c.host, 0), "cudaHostGetDevicePointer");
+      if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&c.device), c.bytes); e != cudaSuccess) {
+        cudaFreeHost(c.host);
+        check_api(e, "cudaMalloc");
+      }
       chunks_.push_back(c);
-      used_ = 0;
     }
-    void* p = static_cast<uint8_t*>(chunks_[current_].data) + used_;
-    used_ += bytes;
-    return p;
+    return chunks_[current_];
   }
   std::vector<Chunk> chunks_;
-  size_t current_ = 0, used_ = 0;
+  size_t current_ = 0, flushed_chunk_ = 0, flushed_at_ = 0;
 };
 
 // Optional time per stage of the forward pass (keel bench --profile): an event at the
@@ -298,21 +322,19 @@ struct GpuModel::Workspace {
   Staging stage;
   std::unique_ptr<StageTimer> timer;  // when profiling
   DeviceBuffer<int32_t> tokens;
-  DeviceBuffer<int64_t> positions, entry_positions;
+  DeviceBuffer<int64_t> positions;
   DeviceBuffer<float> streams, x, y, pre, post, comb, mix_scratch;
   DeviceBuffer<unsigned> mix_arrivals, attention_arrivals;  // kernels' counters: zero between their launches
   DeviceBuffer<float> qr, q, o, attention_scratch, group_in, group_out, u, index_q, index_w, index_scores;
-  DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, rows_kv, rows_gate, slot_values, slot_gates;
-  DeviceBuffer<int32_t> key_index, key_offsets, index_visible, index_offsets, group_ids;
+  DeviceBuffer<float> kv, proj_kv, proj_gate, index_kv, index_gate, slot_values, slot_gates;
+  DeviceBuffer<int32_t> group_ids;
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
   DeviceBuffer<float> logits, head_scratch;
-  DeviceBuffer<int32_t> route_experts, hashed, index_bases, pair_scratch;
-  DeviceBuffer<const float*> key_tables, index_tables;                 // block pointers, part after part
-  DeviceBuffer<const float* const*> key_table_rows, index_table_rows;  // per row: its part's table
-  DeviceBuffer<CopyJob> copy_jobs, ring_jobs;  // ring_jobs: the side stream's (attention_core)
-  DeviceBuffer<int64_t> window_starts;
-  DeviceBuffer<float> pooled;
-  DeviceBuffer<SummaryTask> sample_tasks;
+  DeviceBuffer<int32_t> route_experts, hashed, pair_scratch;
+  struct ClosingBuffers {  // one compressor's gathered rows and pooled entries (close_windows)
+    DeviceBuffer<float> kv, gate, pooled;
+  };
+  ClosingBuffers closing[2];  // the compressor's and the indexer's, both planned before either runs
   DeviceBuffer<uint8_t> sample_out;  // RowTotals[rows], ids and values [rows, stride], the kernels' scratch
 };
 
@@ -394,16 +416,39 @@ struct Part {
 constexpr size_t kF = sizeof(float);
 constexpr int64_t kAttentionScratch = int64_t{256} << 20;  // bytes of split-key partial sums at most
 
-// Runs `jobs` in one launch on s.stream, their table uploaded into `table`, then clears them.
-void copy_jobs(const Step& s, std::vector<CopyJob>& jobs, DeviceBuffer<CopyJob>& table) {
-  if (jobs.empty()) return;
-  int64_t longest = 0;
-  for (const CopyJob& j : jobs) longest = std::max(longest, j.count);
-  s.ws.stage.upload(table, std::span<const CopyJob>(jobs), s.stream);
-  copy_batch(table.data(), static_cast<int64_t>(jobs.size()), longest, s.stream);
+// Copy jobs staged for one launch after the stage's next flush.
+struct StagedCopies {
+  const CopyJob* jobs = nullptr;
+  int64_t n = 0, longest = 0;
+  void run(cudaStream_t stream) const { copy_batch(jobs, n, longest, stream); }
+};
+
+// Stages `jobs` (then clears them).
+StagedCopies stage_copies(Staging& stage, std::vector<CopyJob>& jobs) {
+  StagedCopies out{stage.stage(std::span<const CopyJob>(jobs)), static_cast<int64_t>(jobs.size())};
+  for (const CopyJob& j : jobs) out.longest = std::max(out.longest, j.count);
   jobs.clear();
+  return out;
 }
-void copy_jobs(const Step& s, std::vector<CopyJob>& jobs) { copy_jobs(s, jobs, s.ws.copy_jobs); }
+
+// Runs `jobs` in one launch now, on `stream` (then clears them).
+void copy_now(Staging& stage, std::vector<CopyJob>& jobs, cudaStream_t stream) {
+  if (jobs.empty()) return;
+  const StagedCopies staged = stage_copies(stage, jobs);
+  stage.flush(stream);
+  staged.run(stream);
+}
+
+// A job that puts `values` into `to` (resized to fit), as 4-byte words: ids and
+// positions move as their bits.
+template <typename T>
+void add_upload(std::vector<CopyJob>& jobs, Staging& stage, DeviceBuffer<T>& to, std::span<const T> values) {
+  static_assert(sizeof(T) % sizeof(float) == 0);
+  to.resize(values.size());
+  if (values.empty()) return;
+  jobs.push_back({reinterpret_cast<float*>(to.data()), reinterpret_cast<const float*>(stage.stage(values)),
+                  static_cast<int64_t>(values.size_bytes() / sizeof(float))});
+}
 
 // --- Compressors: the windows this chunk closes become entries (§5.6, §5.7) ---------------
 
@@ -499,56 +544,108 @@ void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float*
   closing.keep_state(st.pending_kv, st.pending_gate, base + done, st.pending);
 }
 
-// Runs what `closing` planned for compressor `w`.
-void close_windows(const Step& s, const DeviceCompressor& w, const ClosingWindows& closing) {
-  const int64_t n_lone = static_cast<int64_t>(closing.lone.size()), total = n_lone + closing.rest.size();
-  if (total == 0) return;
-  const int m = w.ratio, dim = w.dim;
+// What `closing` planned for one compressor, ready to run after the stage's flush: its
+// copy jobs, window starts and positions staged, its buffers sized.
+struct ClosingRun {
+  const DeviceCompressor* w = nullptr;  // null: no window closes
+  StagedCopies gather, out;             // rows into the buffer; entries and kept rows out of it
+  const int64_t *starts = nullptr, *positions = nullptr;
+  float *all_kv = nullptr, *all_gate = nullptr, *pooled = nullptr;
+  int64_t lone = 0, total = 0;  // windows: CSA's first ones, then all
+
+  void run(const Step& s) const {
+    if (!w) return;
+    const int m = w->ratio, dim = w->dim;
+    gather.run(s.stream);
+    const auto pool = [&](int64_t first, int64_t count, bool previous) {
+      if (count == 0) return;
+      const int slots = previous ? 2 * m : m;
+      float* values = grow(s.ws.slot_values, count * slots * dim);
+      float* gates = grow(s.ws.slot_gates, count * slots * dim);
+      compressor_slots(all_kv, all_gate, w->ape.data(), w->width(), dim, m, w->overlapping, 0, count, previous, values,
+                       gates, s.stream, starts + first);
+      s.k.pool(values, gates, count, slots, dim, pooled + first * dim, s.stream);
+    };
+    pool(0, lone, false);
+    pool(lone, total - lone, w->overlapping);
+    s.k.norm(pooled, w->norm.data(), s.eps(), pooled, total, dim, s.stream);
+    cuda::rope(s.rope, pooled, total, 1, dim, positions, false, s.stream);
+    out.run(s.stream);
+  }
+};
+
+ClosingRun plan_closing(Staging& stage, const DeviceCompressor& w, const ClosingWindows& closing,
+                        GpuModel::Workspace::ClosingBuffers& buffers) {
+  ClosingRun r;
+  r.lone = static_cast<int64_t>(closing.lone.size());
+  r.total = r.lone + static_cast<int64_t>(closing.rest.size());
+  if (r.total == 0) return r;
+  r.w = &w;
   const int64_t width = w.width();
-  float* all_kv = grow(s.ws.rows_kv, closing.rows * width);
-  float* all_gate = grow(s.ws.rows_gate, closing.rows * width);
+  r.all_kv = grow(buffers.kv, closing.rows * width);
+  r.all_gate = grow(buffers.gate, closing.rows * width);
+  r.pooled = grow(buffers.pooled, r.total * w.dim);
   std::vector<CopyJob> jobs;
   for (const auto& g : closing.gather) {
     if (g.count == 0) continue;
-    jobs.push_back({all_kv + g.at * width, g.kv, g.count * width});
-    jobs.push_back({all_gate + g.at * width, g.gate, g.count * width});
+    jobs.push_back({r.all_kv + g.at * width, g.kv, g.count * width});
+    jobs.push_back({r.all_gate + g.at * width, g.gate, g.count * width});
   }
-  copy_jobs(s, jobs);
-
+  r.gather = stage_copies(stage, jobs);
   std::vector<int64_t> starts, positions;
   for (const auto* group : {&closing.lone, &closing.rest}) {
     for (const auto& window : *group) {
       starts.push_back(window.start);
       positions.push_back(window.position);
+      jobs.push_back({window.out, r.pooled + (static_cast<int64_t>(starts.size()) - 1) * w.dim, w.dim});
     }
   }
-  s.ws.stage.upload(s.ws.window_starts, std::span<const int64_t>(starts), s.stream);
-  s.ws.stage.upload(s.ws.entry_positions, std::span<const int64_t>(positions), s.stream);
-  float* pooled = grow(s.ws.pooled, total * dim);
-  const auto pool = [&](int64_t first, int64_t count, bool previous) {
-    if (count == 0) return;
-    const int slots = previous ? 2 * m : m;
-    float* values = grow(s.ws.slot_values, count * slots * dim);
-    float* gates = grow(s.ws.slot_gates, count * slots * dim);
-    compressor_slots(all_kv, all_gate, w.ape.data(), width, dim, m, w.overlapping, 0, count, previous, values, gates,
-                     s.stream, s.ws.window_starts.data() + first);
-    s.k.pool(values, gates, count, slots, dim, pooled + first * dim, s.stream);
-  };
-  pool(0, n_lone, false);
-  pool(n_lone, total - n_lone, w.overlapping);
-  s.k.norm(pooled, w.norm.data(), s.eps(), pooled, total, dim, s.stream);
-  cuda::rope(s.rope, pooled, total, 1, dim, s.ws.entry_positions.data(), false, s.stream);
-
-  int64_t i = 0;
-  for (const auto* group : {&closing.lone, &closing.rest}) {
-    for (const auto& window : *group) jobs.push_back({window.out, pooled + i++ * dim, dim});
-  }
+  r.starts = stage.stage(std::span<const int64_t>(starts));
+  r.positions = stage.stage(std::span<const int64_t>(positions));
   for (const auto& k : closing.keep) {
     if (k.count == 0) continue;
-    jobs.push_back({k.kv, all_kv + k.at * width, k.count * width});
-    jobs.push_back({k.gate, all_gate + k.at * width, k.count * width});
+    jobs.push_back({k.kv, r.all_kv + k.at * width, k.count * width});
+    jobs.push_back({k.gate, r.all_gate + k.at * width, k.count * width});
   }
-  copy_jobs(s, jobs);
+  r.out = stage_copies(stage, jobs);
+  return r;
+}
+
+// One sequence's rows for a layer's compressors: `n` rows of each one's kv and gate
+// projections (null without it).
+struct CompressorRows {
+  DeviceLayerState* st;
+  const float *kv, *gate, *index_kv, *index_gate;
+  int64_t n;
+};
+
+// A layer's compressor work in one call, over every sequence: planned (the states'
+// counts advance now, the values are staged), then run after the stage's flush: the
+// windows that close become entries, the other rows join their open windows.
+struct CompressorWork {
+  ClosingRun windows, index_windows;
+  StagedCopies rows_in;
+  void run(const Step& s) const {
+    windows.run(s);
+    index_windows.run(s);
+    rows_in.run(s.stream);
+  }
+};
+
+CompressorWork plan_compressors(const Step& s, const GpuModel::Layer& L, std::span<const CompressorRows> rows) {
+  std::vector<CopyJob> jobs;
+  ClosingWindows closing, index_closing;
+  for (const CompressorRows& r : rows) {
+    if (L.compressor) compress(*L.compressor, r.st->compressor, r.kv, r.gate, r.n, r.st->entries, jobs, closing);
+    if (L.index_compressor) {
+      compress(*L.index_compressor, r.st->indexer, r.index_kv, r.index_gate, r.n, r.st->index_keys, jobs, index_closing);
+    }
+  }
+  CompressorWork work;
+  if (L.compressor) work.windows = plan_closing(s.ws.stage, *L.compressor, closing, s.ws.closing[0]);
+  if (L.index_compressor) work.index_windows = plan_closing(s.ws.stage, *L.index_compressor, index_closing, s.ws.closing[1]);
+  work.rows_in = stage_copies(s.ws.stage, jobs);
+  return work;
 }
 
 // --- Attention (§5) ------------------------------------------------------------------------
@@ -610,22 +707,20 @@ void add_blocks(const DevicePagedRows& rows, std::vector<const float*>& out) {
   for (size_t b = 0; b < rows.blocks().size(); ++b) out.push_back(rows.block_data(b));
 }
 
-// Uploads every part's table (built by `table_of`) and, per row of the call, the address
+// Stages every part's table (built by `table_of`) and, per row of the call, the address
 // of its part's table; returns the device array of the latter.
 template <typename TableOf>
-const float* const* const* upload_tables(const Step& s, std::span<const Part> parts, DeviceBuffer<const float*>& tables,
-                                         DeviceBuffer<const float* const*>& table_rows, TableOf&& table_of) {
+const float* const* const* stage_tables(Staging& stage, std::span<const Part> parts, TableOf&& table_of) {
   std::vector<const float*> all;
   std::vector<size_t> starts;
   for (const Part& part : parts) {
     starts.push_back(all.size());
     table_of(part, all);
   }
-  s.ws.stage.upload(tables, std::span<const float* const>(all), s.stream);
+  const float* const* tables = stage.stage(std::span<const float* const>(all));
   std::vector<const float* const*> rows;
-  for (size_t i = 0; i < parts.size(); ++i) rows.insert(rows.end(), parts[i].count, tables.data() + starts[i]);
-  s.ws.stage.upload(table_rows, std::span<const float* const* const>(rows), s.stream);
-  return table_rows.data();
+  for (size_t i = 0; i < parts.size(); ++i) rows.insert(rows.end(), parts[i].count, tables + starts[i]);
+  return stage.stage(std::span<const float* const* const>(rows));
 }
 
 // A layer's attention runs in three parts, so that a decode step can replay the first and
@@ -691,11 +786,14 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
 // The parts' keys, compressors, indexer and attention, each row on its own sequence's
 // state, into ws.o. Rows past the parts' (a decode graph's padding) get row 0's output,
 // so that they stay copies of row 0 (and route to its experts) through the layer.
+// The host's side comes first: everything the launches read is staged and reaches the
+// device in one flush (Staging), then the launches follow.
 void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
   const ModelConfig& c = s.c;
   const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
   const int64_t live = parts.back().row + parts.back().count;
   GpuModel::Workspace& ws = s.ws;
+  Staging& stage = ws.stage;
   const Projected in = projected(ws, L);
   float* kv = in.kv;
   for (const Part& part : parts) {
@@ -708,19 +806,82 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   // reads. A longer chunk's earlier rows read slots its later keys overwrite, so its keys
   // go in after the attention (at the end, on the stream).
   const auto ring_beside = [&](const Part& part) { return s.side && part.count == 1; };
-  std::vector<CopyJob> beside;
+  std::vector<CopyJob> jobs;
   for (const Part& part : parts) {
     if (!ring_beside(part)) continue;
     DeviceLayerState& st = part.sequence->layers[layer];
-    beside.push_back({st.ring.write_row(part.start % sw), kv + part.row * hd, hd});  // after any block copy it makes
+    jobs.push_back({st.ring.write_row(part.start % sw), kv + part.row * hd, hd});  // after any block copy it makes
   }
-  if (!beside.empty()) {
-    s.side->start(s.stream);
-    Step side = s;
-    side.stream = s.side->stream;
-    copy_jobs(side, beside, ws.ring_jobs);
-  }
+  const StagedCopies ring = stage_copies(stage, jobs);
 
+  // This chunk's compressor rows and entries into each sequence's state.
+  std::vector<CompressorRows> compressor_rows;
+  for (const Part& part : parts) {
+    const auto rows_of = [&](const float* projection, const std::optional<DeviceCompressor>& w) {
+      return w ? projection + part.row * w->width() : nullptr;
+    };
+    compressor_rows.push_back({&part.sequence->layers[layer], rows_of(in.ckv, L.compressor), rows_of(in.cgate, L.compressor),
+                               rows_of(in.ikv, L.index_compressor), rows_of(in.igate, L.index_compressor), part.count});
+  }
+  const CompressorWork compressors = plan_compressors(s, L, compressor_rows);
+
+  // Every row's key list indexes its own part's block table: the kernels get a table per
+  // row, so one launch covers all the sequences.
+  const KeyLists keys = key_lists(s, L, layer, parts);
+  int32_t* key_index = stage.stage(std::span<const int32_t>(keys.index));
+  const int32_t* key_offsets = stage.stage(std::span<const int32_t>(keys.offsets));
+  const int per_block = static_cast<int>(parts.front().sequence->layers[layer].ring.rows_per_block());
+  const PagedTables key_tables{stage_tables(stage, parts,
+                                            [&](const Part& part, std::vector<const float*>& table) {
+                                              const DeviceLayerState& st = part.sequence->layers[layer];
+                                              add_blocks(st.ring, table);
+                                              for (int64_t r = 0; r < part.count; r += per_block) {
+                                                table.push_back(kv + (part.row + r) * hd);
+                                              }
+                                              add_blocks(st.entries, table);
+                                            }),
+                               per_block};
+  int64_t max_visible = 0;
+  int longest = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    max_visible = std::max(max_visible, keys.max_visible[i]);
+    longest = std::max(longest, keys.longest[i]);
+  }
+  struct {
+    PagedTables tables{};
+    const int32_t *visible = nullptr, *picks_at = nullptr, *bases = nullptr;
+  } index;
+  if (L.index_compressor) {
+    std::vector<int32_t> bases;
+    for (const Part& part : parts) {
+      bases.insert(bases.end(), part.count, static_cast<int32_t>(KeyLayout(part.sequence->layers[layer], part.count).entries));
+    }
+    index.tables = {stage_tables(stage, parts,
+                                 [&](const Part& part, std::vector<const float*>& table) {
+                                   add_blocks(part.sequence->layers[layer].index_keys, table);
+                                 }),
+                    static_cast<int>(parts.front().sequence->layers[layer].index_keys.rows_per_block())};
+    index.visible = stage.stage(std::span<const int32_t>(keys.visible));
+    index.picks_at = stage.stage(std::span<const int32_t>(keys.picks_at));
+    index.bases = stage.stage(std::span<const int32_t>(bases));
+  }
+  for (const Part& part : parts) {  // after the attention, the ring keeps the newest keys
+    if (ring_beside(part)) continue;
+    DeviceLayerState& st = part.sequence->layers[layer];
+    const int64_t end = part.start + part.count;
+    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
+      jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
+    }
+  }
+  float* o = ws.o.data();
+  for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
+  const StagedCopies after = stage_copies(stage, jobs);
+  stage.flush(s.stream);
+
+  if (ring.n) {
+    s.side->start(s.stream);
+    ring.run(s.side->stream);
+  }
   s.mark("attention: compressor windows");
   if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
     auto& saved = s.journal->layers.at(static_cast<size_t>(layer));
@@ -732,69 +893,14 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
       keep(saved[2], in.ikv, L.index_compressor->width()), keep(saved[3], in.igate, L.index_compressor->width());
     }
   }
-  std::vector<CopyJob> jobs;
-  ClosingWindows closing, index_closing;
-  for (const Part& part : parts) {  // this chunk's compressor rows and entries into each sequence's state
-    DeviceLayerState& st = part.sequence->layers[layer];
-    const int64_t n = part.count;
-    if (L.compressor) {
-      const int64_t width = L.compressor->width();
-      compress(*L.compressor, st.compressor, in.ckv + part.row * width, in.cgate + part.row * width, n, st.entries,
-               jobs, closing);
-    }
-    if (L.index_compressor) {
-      const DeviceCompressor& ic = *L.index_compressor;
-      compress(ic, st.indexer, in.ikv + part.row * ic.width(), in.igate + part.row * ic.width(), n, st.index_keys,
-               jobs, index_closing);
-    }
-  }
-  if (L.compressor) close_windows(s, *L.compressor, closing);
-  if (L.index_compressor) close_windows(s, *L.index_compressor, index_closing);
-  copy_jobs(s, jobs);
+  compressors.run(s);
   s.mark("attention: key lists, indexer top-k");
-  // Every row's key list indexes its own part's block table: the kernels get a table per
-  // row, so one launch covers all the sequences.
-  const KeyLists keys = key_lists(s, L, layer, parts);
-  ws.stage.upload(ws.key_index, std::span<const int32_t>(keys.index), s.stream);
-  ws.stage.upload(ws.key_offsets, std::span<const int32_t>(keys.offsets), s.stream);
-  const int per_block = static_cast<int>(parts.front().sequence->layers[layer].ring.rows_per_block());
-  const PagedTables key_tables{
-      upload_tables(s, parts, ws.key_tables, ws.key_table_rows,
-                    [&](const Part& part, std::vector<const float*>& table) {
-                      const DeviceLayerState& st = part.sequence->layers[layer];
-                      add_blocks(st.ring, table);
-                      for (int64_t r = 0; r < part.count; r += per_block) table.push_back(kv + (part.row + r) * hd);
-                      add_blocks(st.entries, table);
-                    }),
-      per_block};
-  int64_t max_visible = 0;
-  int longest = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    max_visible = std::max(max_visible, keys.max_visible[i]);
-    longest = std::max(longest, keys.longest[i]);
-  }
   if (L.index_compressor) {
-    std::vector<int32_t> index_bases;
-    for (const Part& part : parts) {
-      index_bases.insert(index_bases.end(), part.count,
-                         static_cast<int32_t>(KeyLayout(part.sequence->layers[layer], part.count).entries));
-    }
-    const PagedTables index_tables{
-        upload_tables(s, parts, ws.index_tables, ws.index_table_rows,
-                      [&](const Part& part, std::vector<const float*>& table) {
-                        add_blocks(part.sequence->layers[layer].index_keys, table);
-                      }),
-        static_cast<int>(parts.front().sequence->layers[layer].index_keys.rows_per_block())};
-    ws.stage.upload(ws.index_visible, std::span<const int32_t>(keys.visible), s.stream);
-    ws.stage.upload(ws.index_offsets, std::span<const int32_t>(keys.picks_at), s.stream);
-    ws.stage.upload(ws.index_bases, std::span<const int32_t>(index_bases), s.stream);
     float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * max_visible));
-    s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, ws.index_visible.data(), max_visible,
-              c.index_topk, 0, ws.index_offsets.data(), ws.key_index.data(), scores, index_tables,
-              ws.index_bases.data(), s.stream);
+    s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, index.visible, max_visible,
+              c.index_topk, 0, index.picks_at, key_index, scores, index.tables, index.bases, s.stream);
   }
   s.mark("attention: attend");
-  float* o = ws.o.data();
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
   const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
   const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
@@ -819,22 +925,13 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
     const int64_t run_end = parts[end - 1].row + parts[end - 1].count;
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
-      attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr,
-             ws.key_index.data(), ws.key_offsets.data() + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)),
-             o + r * H * hd, scratch, run_longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
+      attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, key_index,
+             key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
+             run_longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
     }
   }
-  for (const Part& part : parts) {  // then the ring keeps the newest keys
-    if (ring_beside(part)) continue;
-    DeviceLayerState& st = part.sequence->layers[layer];
-    const int64_t end = part.start + part.count;
-    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
-      jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
-    }
-  }
-  for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
-  copy_jobs(s, jobs);
-  if (!beside.empty()) s.side->rejoin(s.stream);
+  after.run(s.stream);
+  if (ring.n) s.side->rejoin(s.stream);
 }
 
 // Every row's inverse rope on ws.o, then the grouped output projection (wo_a): wo_b's
@@ -1437,18 +1534,20 @@ class Pieces {
 void upload_inputs(const ModelConfig& c, std::span<const GpuModel::Layer> layers, GpuModel::Workspace& ws,
                    std::span<const int32_t> tokens, std::span<const int64_t> positions, cudaStream_t stream) {
   const int64_t S = static_cast<int64_t>(tokens.size()), k = c.num_experts_per_tok, G = c.o_groups;
-  ws.stage.upload(ws.tokens, tokens, stream);
-  ws.stage.upload(ws.positions, positions, stream);
+  std::vector<CopyJob> jobs;  // into buffers whose addresses decode graphs keep
+  add_upload(jobs, ws.stage, ws.tokens, tokens);
+  add_upload(jobs, ws.stage, ws.positions, positions);
   const auto hash_layers = std::count_if(layers.begin(), layers.end(), [](const auto& L) { return L.tid2eid; });
   std::vector<int32_t> hashed(hash_layers * S * k);
   for (const GpuModel::Layer& L : layers) {
     if (!L.tid2eid) continue;
     for (int64_t t = 0; t < S; ++t) std::copy_n(&(*L.tid2eid)[tokens[t] * k], k, &hashed[(L.hash_slot * S + t) * k]);
   }
-  ws.stage.upload(ws.hashed, std::span<const int32_t>(hashed), stream);
+  add_upload(jobs, ws.stage, ws.hashed, std::span<const int32_t>(hashed));
   std::vector<int32_t> groups(S * G);
   for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
-  ws.stage.upload(ws.group_ids, std::span<const int32_t>(groups), stream);
+  add_upload(jobs, ws.stage, ws.group_ids, std::span<const int32_t>(groups));
+  copy_now(ws.stage, jobs, stream);
 }
 
 }  // namespace
@@ -1534,14 +1633,11 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   const float* head_streams = ws.streams.data();
   if (n != S) {
     float* gathered = grow(ws.head_streams, n * row_floats);
-    int64_t longest = 0;
     for (CopyJob& j : jobs) {
       j.dst = gathered;
       gathered += j.count;
-      longest = std::max(longest, j.count);
     }
-    ws.stage.upload(ws.copy_jobs, std::span<const CopyJob>(jobs), stream_);
-    copy_batch(ws.copy_jobs.data(), static_cast<int64_t>(jobs.size()), longest, stream_);
+    copy_now(ws.stage, jobs, stream_);
     head_streams = ws.head_streams.data();
   }
   float* h = grow(ws.head_in, n * D);
@@ -1639,13 +1735,14 @@ std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span
     tasks.back().candidates = std::min(tasks.back().candidates, kMaxCandidates);
     stride = std::max(stride, tasks.back().candidates);
   }
-  ws.stage.upload(ws.sample_tasks, std::span<const SummaryTask>(tasks), stream_);
+  const SummaryTask* staged_tasks = ws.stage.stage(std::span<const SummaryTask>(tasks));
+  ws.stage.flush(stream_);
   // Totals, ids and values in one buffer: one copy back. The kernels' scratch after them.
   const size_t totals_bytes = n * sizeof(RowTotals), list_bytes = n * stride * sizeof(int32_t);
   const size_t bytes = totals_bytes + 2 * list_bytes, scratch_at = (bytes + 15) / 16 * 16;
   ws.sample_out.resize(scratch_at + cuda::summary_scratch_bytes(n, V));
   uint8_t* out_device = ws.sample_out.data();
-  top.sample(ws.logits.data(), n, V, ws.sample_tasks.data(), stride, reinterpret_cast<RowTotals*>(out_device),
+  top.sample(ws.logits.data(), n, V, staged_tasks, stride, reinterpret_cast<RowTotals*>(out_device),
              reinterpret_cast<int32_t*>(out_device + totals_bytes),
              reinterpret_cast<float*>(out_device + totals_bytes + list_bytes), out_device + scratch_at, stream_);
   uint8_t* host = ws.sample_host.grow(bytes);
@@ -1797,18 +1894,10 @@ void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJ
     const Step s{c, share_, layer_kernels_[l], rope, *work_, stream_, keep};
     DeviceLayerState& st = seq.layers[l];
     const auto& saved = journal.layers[l];
-    std::vector<CopyJob> jobs;
-    ClosingWindows closing, index_closing;
-    if (L.compressor) {
-      compress(*L.compressor, st.compressor, saved[0].data(), saved[1].data(), keep, st.entries, jobs, closing);
-      close_windows(s, *L.compressor, closing);
-    }
-    if (L.index_compressor) {
-      const DeviceCompressor& ic = *L.index_compressor;
-      compress(ic, st.indexer, saved[2].data(), saved[3].data(), keep, st.index_keys, jobs, index_closing);
-      close_windows(s, ic, index_closing);
-    }
-    copy_jobs(s, jobs);
+    const CompressorRows rows{&st, saved[0].data(), saved[1].data(), saved[2].data(), saved[3].data(), keep};
+    const CompressorWork work = plan_compressors(s, L, std::span(&rows, 1));
+    work_->stage.flush(stream_);
+    work.run(s);
   }
   seq.length = mark.length + keep;
   check_api(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
