@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes on the GPU's timeline, from a tools/gpu_trace.cpp CSV.
+
+A step is the GPU work between two copies back to the host (each forward call ends with
+one: logits or sampling summaries). For each step: its span, the time some GPU work ran
+(kernels, copies, memsets on any stream, overlaps counted once) and the idle rest, which
+is split in two: host-late, where the next operation's API call had not yet been made
+when the GPU went idle (the host set the pace), and the rest (launch latency, waiting
+between streams, a graph's own gaps). Then, for the median step of the longest run of
+steps alike (same operation count: a decode run), its largest gaps with the operations
+either side, and its time by kernel name.
+
+    python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50]
+"""
+import argparse
+import collections
+import csv
+import statistics
+import sys
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+DTOH = "kind 2"  # CUPTI_ACTIVITY_MEMCPY_KIND_DTOH
+
+
+def read(path):
+    gpu, api = [], {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rec = (int(row["start_ns"]), int(row["end_ns"]), row["kind"], row["name"], int(row["correlation"]),
+                   int(row["stream"]))
+            if row["kind"] in GPU_KINDS:
+                gpu.append(rec)
+            elif rec[4]:
+                api[rec[4]] = rec  # the call that enqueued the GPU record of the same correlation
+    gpu.sort()
+    return gpu, api
+
+
+def steps_of(gpu):
+    """GPU records cut after each copy back to the host."""
+    steps, current = [], []
+    for rec in gpu:
+        current.append(rec)
+        if rec[2] == "memcpy" and rec[3].endswith(DTOH):
+            steps.append(current)
+            current = []
+    return steps
+
+
+def analyse(step, api):
+    """(span, busy, host-late idle, other idle, gaps) of one step; gaps: (length, before, after, host_late)."""
+    start, end = step[0][0], max(r[1] for r in step)
+    busy = late = other = 0
+    gaps = []
+    reach, prev = start, None
+    for rec in step:
+        if rec[0] > reach:
+            gap = rec[0] - reach
+            call = api.get(rec[4])
+            host_late = call is not None and call[1] > reach  # its API call returned after the GPU went idle
+            gaps.append((gap, prev, rec, host_late))
+            if host_late:
+                late += gap
+            else:
+                other += gap
+        busy += max(0, rec[1] - max(rec[0], reach))
+        if rec[1] > reach:
+            reach, prev = rec[1], rec
+    return end - start, busy, late, other, gaps
+
+
+def label(rec):
+    if rec is None:
+        return "-"
+    name = rec[3] if rec[2] == "kernel" else f"{rec[2]} {rec[3]}"
+    return name[:70]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--gaps", type=int, default=25, help="largest gaps of the median step to list")
+    ap.add_argument("--min-ops", type=int, default=50, help="steps with fewer GPU operations are left out")
+    args = ap.parse_args()
+    gpu, api = read(args.trace)
+    steps = [s for s in steps_of(gpu) if len(s) >= args.min_ops]
+    if not steps:
+        sys.exit("no step with enough GPU operations in the trace")
+    print("step   ops   span us   busy us   idle: host-late us   other us")
+    results = [analyse(s, api) for s in steps]
+    for i, (s, (span, busy, late, other, _)) in enumerate(zip(steps, results)):
+        print(f"{i:4d} {len(s):5d} {span / 1e3:9.1f} {busy / 1e3:9.1f} {late / 1e3:20.1f} {other / 1e3:10.1f}")
+
+    # The longest run of consecutive steps with the same operation count: a decode run.
+    best, run_start = (0, 0), 0
+    for i in range(1, len(steps) + 1):
+        if i == len(steps) or len(steps[i]) != len(steps[run_start]):
+            if i - run_start > best[1] - best[0]:
+                best = (run_start, i)
+            run_start = i
+    chosen = list(range(*best))
+    spans = [results[i][0] for i in chosen]
+    median = chosen[spans.index(statistics.median_low(spans))]
+    span, busy, late, other, gaps = results[median]
+    print(f"\nsteps {best[0]}..{best[1] - 1} alike ({len(steps[median])} ops); median step {median}: "
+          f"span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} ({100 * busy / span:.1f}%), "
+          f"idle host-late {late / 1e3:.1f}, other {other / 1e3:.1f}")
+    print(f"  mean over the run: span {statistics.mean(spans) / 1e3:.1f} us, "
+          f"host-late {statistics.mean(results[i][2] for i in chosen) / 1e3:.1f}, "
+          f"other idle {statistics.mean(results[i][3] for i in chosen) / 1e3:.1f}")
+    kinds = collections.Counter()
+    for rec in steps[median]:
+        kinds[rec[2]] += 1
+    print("  operations:", ", ".join(f"{n} {k}" for k, n in kinds.items()))
+    small = [g for g in gaps if g[0] < 5000]
+    print(f"  gaps: {len(gaps)}, {sum(g[0] for g in gaps) / 1e3:.1f} us; under 5 us: {len(small)} "
+          f"({sum(g[0] for g in small) / 1e3:.1f} us)")
+    print(f"\nlargest gaps of step {median} (us, host-late?, after -> before):")
+    for gap, before, after, host_late in sorted(gaps, key=lambda g: -g[0])[: args.gaps]:
+        print(f"  {gap / 1e3:7.1f} {'late' if host_late else '    '}  {label(before)}  ->  {label(after)}")
+    by_name = collections.defaultdict(lambda: [0, 0])
+    for rec in steps[median]:
+        by_name[label(rec)][0] += rec[1] - rec[0]
+        by_name[label(rec)][1] += 1
+    print(f"\ntime by operation in step {median} (us, count):")
+    for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]:
+        print(f"  {t / 1e3:8.1f} {n:4d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
