@@ -876,12 +876,19 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   float* o = ws.o.data();
   for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   const StagedCopies after = stage_copies(stage, jobs);
-  stage.flush(s.stream);
-
-  if (ring.n) {
+  // With a side stream, the flush runs there at once, beside the projections the stream
+  // may still be running (nothing it writes is read before the stream waits for it);
+  // then, after the projections, the copies no launch of this core reads: the ring's new
+  // keys and the rows that join open compressor windows (a state's rows either join its
+  // open window or are gathered by its closing ones, never both in one call).
+  const cudaStream_t beside = s.side ? s.side->stream : s.stream;
+  stage.flush(beside);
+  if (s.side) {
+    s.side->rejoin(s.stream);
     s.side->start(s.stream);
-    ring.run(s.side->stream);
   }
+  ring.run(beside);
+  compressors.rows_in.run(beside);
   s.mark("attention: compressor windows");
   if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
     auto& saved = s.journal->layers.at(static_cast<size_t>(layer));
@@ -893,7 +900,8 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
       keep(saved[2], in.ikv, L.index_compressor->width()), keep(saved[3], in.igate, L.index_compressor->width());
     }
   }
-  compressors.run(s);
+  compressors.windows.run(s);
+  compressors.index_windows.run(s);
   s.mark("attention: key lists, indexer top-k");
   if (L.index_compressor) {
     float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * max_visible));
@@ -931,7 +939,7 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
     }
   }
   after.run(s.stream);
-  if (ring.n) s.side->rejoin(s.stream);
+  if (s.side) s.side->rejoin(s.stream);
 }
 
 // Every row's inverse rope on ws.o, then the grouped output projection (wo_a): wo_b's
