@@ -10,11 +10,15 @@ between streams, a graph's own gaps). Then, for the median step of the longest r
 steps alike (same operation count: a decode run), its largest gaps with the operations
 either side, and its time by kernel name.
 
-    python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50]
+    python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50] [--ops]
+
+With --ops, the median step's operations follow in start order: start, end and length
+(us from the step's first operation), stream and name, to read a layer's chain.
 """
 import argparse
 import collections
 import csv
+import re
 import statistics
 import sys
 
@@ -73,6 +77,8 @@ def label(rec):
     if rec is None:
         return "-"
     name = rec[3] if rec[2] == "kernel" else f"{rec[2]} {rec[3]}"
+    # A mangled kernel name without its namespace and file prefix: keel::cuda::(anonymous)::
+    name = re.sub(r"^_ZN4keel4cuda\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+\d+", "", name)
     return name[:70]
 
 
@@ -81,6 +87,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--gaps", type=int, default=25, help="largest gaps of the median step to list")
     ap.add_argument("--min-ops", type=int, default=50, help="steps with fewer GPU operations are left out")
+    ap.add_argument("--ops", action="store_true", help="list the median step's operations in start order")
     args = ap.parse_args()
     gpu, api = read(args.trace)
     steps = [s for s in steps_of(gpu) if len(s) >= args.min_ops]
@@ -125,6 +132,12 @@ def main():
     print(f"\ntime by operation in step {median} (us, count):")
     for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]:
         print(f"  {t / 1e3:8.1f} {n:4d}  {name}")
+    if args.ops:
+        t0 = steps[median][0][0]
+        print(f"\noperations of step {median} (us from its start: start, end, length; stream):")
+        for rec in steps[median]:
+            print(f"  {(rec[0] - t0) / 1e3:8.1f} {(rec[1] - t0) / 1e3:8.1f} {(rec[1] - rec[0]) / 1e3:6.1f}  "
+                  f"s{rec[5]:<4d} {label(rec)}")
 
 
 if __name__ == "__main__":
