@@ -10,9 +10,10 @@ between streams, a graph's own gaps). Then, for the median step of the longest r
 steps alike (same operation count: a decode run), its largest gaps with the operations
 either side, and its time by kernel name.
 
-    python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50] [--ops]
+    python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50] [--ops] [--step N]
 
-With --ops, the median step's operations follow in start order: start, end and length
+With --step N, step N (as numbered in the first table) stands for the median step: a
+batched decode run after a single one, say. With --ops, that step's operations follow in start order: start, end and length
 (us from the step's first operation), stream and name, to read a layer's chain.
 """
 import argparse
@@ -88,6 +89,7 @@ def main():
     ap.add_argument("--gaps", type=int, default=25, help="largest gaps of the median step to list")
     ap.add_argument("--min-ops", type=int, default=50, help="steps with fewer GPU operations are left out")
     ap.add_argument("--ops", action="store_true", help="list the median step's operations in start order")
+    ap.add_argument("--step", type=int, help="the step to detail instead of the median one")
     args = ap.parse_args()
     gpu, api = read(args.trace)
     steps = [s for s in steps_of(gpu) if len(s) >= args.min_ops]
@@ -108,6 +110,11 @@ def main():
     chosen = list(range(*best))
     spans = [results[i][0] for i in chosen]
     median = chosen[spans.index(statistics.median_low(spans))]
+    if args.step is not None:
+        if not 0 <= args.step < len(steps):
+            sys.exit(f"no step {args.step}: the trace has {len(steps)}")
+        best, chosen, median = (args.step, args.step + 1), [args.step], args.step
+        spans = [results[args.step][0]]
     span, busy, late, other, gaps = results[median]
     print(f"\nsteps {best[0]}..{best[1] - 1} alike ({len(steps[median])} ops); median step {median}: "
           f"span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} ({100 * busy / span:.1f}%), "
