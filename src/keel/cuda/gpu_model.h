@@ -246,7 +246,7 @@ class GpuModel {
   DeviceBuffer<float> norm_, head_fn_, head_base_, head_scale_;
   std::unique_ptr<Workspace> work_;
   std::unique_ptr<DecodeGraphs> graphs_;  // and the workspace of the steps they replay
-  std::unique_ptr<SideStream> side_;      // the MoE's shared expert, a decode step's ring writes
+  std::unique_ptr<SideStream> side_;      // the MoE's shared expert; an attention core's flush and beside-copies
   mutable Workspace* call_ = nullptr;     // the current call's workspace: work_'s or the graphs'
   std::shared_ptr<DeviceBlockPool> pool_;
   mutable std::map<std::string, double> profile_;
