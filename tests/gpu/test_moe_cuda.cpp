@@ -122,48 +122,50 @@ TEST(CudaMoe, CombinePairsMatchesPlainLoop) {
 
 // Pairs grouped by expert: `order` is a permutation of the pairs; the groups, expert by
 // expert with the unrouted (-1) last, cover it in runs of at most `tile` pairs of their
-// expert, as few as that allows.
+// expert, as few as that allows. Expert counts from a few to more buckets than the
+// kernel's threads (several a thread, the last thread's run short).
 TEST(CudaMoe, GroupPairsPartitionsByExpert) {
   std::mt19937 rng(9);
-  for (const int experts : {4, 256}) {
+  for (const int experts : {4, 256, 1500, 4096}) {
     for (const int64_t pairs : {int64_t{1}, int64_t{7}, int64_t{300}, int64_t{5000}}) {
-      std::vector<int32_t> ids(pairs);
-      std::uniform_int_distribution<int32_t> pick(-1, experts - 1);
-      for (auto& e : ids) e = pick(rng);
-      const int tile = 8;
-      int32_t* dids = device_copy(ids);
-      int32_t* dorder = device_poisoned<int32_t>(pairs);
-      PairGroup* dgroups = device_poisoned<PairGroup>(pairs);
-      int32_t* dcount = device_poisoned<int32_t>(1);
-      group_pairs(dids, pairs, experts, tile, dorder, dgroups, dcount);
-      const std::vector<int32_t> order = host_copy(dorder, pairs);
-      const int32_t count = host_copy(dcount, 1)[0];
-      ASSERT_GT(count, 0);
-      ASSERT_LE(count, pairs);
-      const std::vector<PairGroup> groups = host_copy(dgroups, count);
-      std::vector<int32_t> sorted = order;
-      std::sort(sorted.begin(), sorted.end());
-      for (int64_t p = 0; p < pairs; ++p) ASSERT_EQ(sorted[p], p) << "order is not a permutation";
-      std::map<int32_t, int64_t> per_expert;
-      for (int32_t e : ids) ++per_expert[e];
-      int64_t expected_groups = 0;
-      for (const auto& [e, n] : per_expert) expected_groups += (n + tile - 1) / tile;
-      EXPECT_EQ(count, expected_groups);
-      int32_t at = 0, last_expert = -2;
-      for (const PairGroup& g : groups) {
-        EXPECT_EQ(g.first, at);
-        ASSERT_GE(g.count, 1);
-        ASSERT_LE(g.count, tile);
-        const int32_t rank = g.expert < 0 ? experts : g.expert;
-        EXPECT_GE(rank, last_expert) << "groups out of expert order";
-        last_expert = rank;
-        for (int32_t i = g.first; i < g.first + g.count; ++i) EXPECT_EQ(ids[order[i]], g.expert) << "pair " << order[i];
-        at += g.count;
+      for (const int tile : {8, 32}) {
+        std::vector<int32_t> ids(pairs);
+        std::uniform_int_distribution<int32_t> pick(-1, experts - 1);
+        for (auto& e : ids) e = pick(rng);
+        int32_t* dids = device_copy(ids);
+        int32_t* dorder = device_poisoned<int32_t>(pairs);
+        PairGroup* dgroups = device_poisoned<PairGroup>(pairs);
+        int32_t* dcount = device_poisoned<int32_t>(1);
+        group_pairs(dids, pairs, experts, tile, dorder, dgroups, dcount);
+        const std::vector<int32_t> order = host_copy(dorder, pairs);
+        const int32_t count = host_copy(dcount, 1)[0];
+        ASSERT_GT(count, 0);
+        ASSERT_LE(count, pairs);
+        const std::vector<PairGroup> groups = host_copy(dgroups, count);
+        std::vector<int32_t> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        for (int64_t p = 0; p < pairs; ++p) ASSERT_EQ(sorted[p], p) << "order is not a permutation";
+        std::map<int32_t, int64_t> per_expert;
+        for (int32_t e : ids) ++per_expert[e];
+        int64_t expected_groups = 0;
+        for (const auto& [e, n] : per_expert) expected_groups += (n + tile - 1) / tile;
+        EXPECT_EQ(count, expected_groups);
+        int32_t at = 0, last_expert = -2;
+        for (const PairGroup& g : groups) {
+          EXPECT_EQ(g.first, at);
+          ASSERT_GE(g.count, 1);
+          ASSERT_LE(g.count, tile);
+          const int32_t rank = g.expert < 0 ? experts : g.expert;
+          EXPECT_GE(rank, last_expert) << "groups out of expert order";
+          last_expert = rank;
+          for (int32_t i = g.first; i < g.first + g.count; ++i) EXPECT_EQ(ids[order[i]], g.expert) << "pair " << order[i];
+          at += g.count;
+        }
+        EXPECT_EQ(at, pairs);
+        for (void* p : {static_cast<void*>(dids), static_cast<void*>(dorder), static_cast<void*>(dgroups),
+                        static_cast<void*>(dcount)})
+          cudaFree(p);
       }
-      EXPECT_EQ(at, pairs);
-      for (void* p : {static_cast<void*>(dids), static_cast<void*>(dorder), static_cast<void*>(dgroups),
-                      static_cast<void*>(dcount)})
-        cudaFree(p);
     }
   }
 }
