@@ -2,10 +2,14 @@
 // random data against the error bound each format guarantees.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "base/dtype.h"
+#include "cuda/fp4_words.h"
 #include "quant/fp8_block.h"
 #include "quant/mxfp4.h"
 #include "quant/nvfp4.h"
@@ -135,6 +139,54 @@ TEST(Mxfp4, RandomWithinHalfStep) {
   for (size_t i = 0; i < w.size(); ++i) {
     const float s = ue8m0_to_f32(scales[i / 32]);
     ASSERT_LE(std::fabs(back[i] - w[i]), s) << i;
+  }
+}
+
+// The GPU's packed FP4 words (cuda/fp4_words.h, plain bit operations, so they run here).
+// Packing moves each of a word's 32 bits to its own place and unpacking brings it back.
+TEST(Fp4Words, PackingIsABijectionUndoneByUnpacking) {
+  uint32_t seen = 0;
+  for (int bit = 0; bit < 32; ++bit) {
+    const uint32_t packed = cuda::pack_fp4_word(uint32_t{1} << bit);
+    ASSERT_EQ(packed & (packed - 1), 0u) << "bit " << bit << " went to no single place";
+    ASSERT_NE(packed, 0u) << "bit " << bit;
+    EXPECT_EQ(seen & packed, 0u) << "bit " << bit << " lands where another did";
+    seen |= packed;
+    EXPECT_EQ(cuda::unpack_fp4_word(packed), uint32_t{1} << bit);
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t w = rng();
+    EXPECT_EQ(cuda::unpack_fp4_word(cuda::pack_fp4_word(w)), w);
+  }
+}
+
+// Each pair the tensor-core tiles build from a packed word is the checkpoint's values k
+// and k+4 as bf16 bits that read as the e2m1 value times 2^-126 (each of the 16 codes in
+// each of the 8 places, with random codes around it).
+TEST(Fp4Words, PairsAreTheValuesAsBf16) {
+  const auto half_value = [](uint32_t bits16) {
+    const uint32_t f = bits16 << 16;
+    float v;
+    std::memcpy(&v, &f, sizeof v);
+    return std::ldexp(v, 126);
+  };
+  const auto pairs = [](uint32_t packed) {
+    return std::array<uint32_t, 4>{cuda::fp4_pair<0>(packed), cuda::fp4_pair<1>(packed), cuda::fp4_pair<2>(packed),
+                                   cuda::fp4_pair<3>(packed)};
+  };
+  std::mt19937 rng(12);
+  for (int place = 0; place < 8; ++place) {
+    for (uint32_t code = 0; code < 16; ++code) {
+      const uint32_t w = (rng() & ~(0xfu << (4 * place))) | code << (4 * place);
+      const std::array<uint32_t, 4> p = pairs(cuda::pack_fp4_word(w));
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t c = (w >> (4 * i)) & 0xfu;
+        const uint32_t bits = (p[i % 4] >> (16 * (i / 4))) & 0xffffu;
+        EXPECT_EQ(half_value(bits), e2m1_to_f32(static_cast<uint8_t>(c))) << "value " << i << " code " << c;
+        EXPECT_EQ(bits & ~0x81c0u, 0u) << "value " << i << ": bits outside the sign, exponent and mantissa";
+      }
+    }
   }
 }
 

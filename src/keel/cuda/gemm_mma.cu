@@ -12,6 +12,7 @@
 
 #include "cuda/check.cuh"
 #include "cuda/cp_async.cuh"
+#include "cuda/fp4_words.h"
 #include "cuda/hyper_expand.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma_bf16.cuh"
@@ -128,16 +129,10 @@ struct Mma<WeightFormat::fp8_block> {
   }
 };
 
-// The e2m1 codes at bits 0..3 and 16..19 of s as a bf16 pair of their values times
-// 2^-126: sign to bit 15, exponent and mantissa bits to 8..6 (code 1, 0.5, reads as
-// the subnormal 2^-127).
-__device__ __forceinline__ uint32_t e2m1_pair(uint32_t s) {
-  return ((s << 12) & 0x80008000u) | ((s << 6) & 0x01c001c0u);
-}
-
 // MXFP4 and NVFP4: 32 values a chunk (one MX block, two NVFP4 blocks), 8 MMAs; MMA j
-// takes word j/2, nibbles n and n+4 at slots 2t and 2t+1, n+1 and n+5 at 2t+8 and 2t+9,
-// n = 2·(j%2). One multiply makes the codes exact bf16 values times their block scale:
+// takes word j/2, values n and n+4 at slots 2t and 2t+1, n+1 and n+5 at 2t+8 and 2t+9,
+// n = 2·(j%2), each pair built from the packed word (fp4_words.h) as bf16 values times
+// 2^-126. One multiply makes the codes exact bf16 values times their block scale:
 // MX by 2^(e-1) (2^126 · 2^(e-127), a bf16 for e ≤ 128; above, 2^127 then 2^(e-128));
 // NVFP4 by e4m3(s)·2^118, which leaves the value times 2^-8, undone with the global
 // scale at the end (e2m1 · e4m3 has at most 6 significant bits: exact).
@@ -170,10 +165,10 @@ struct Fp4Mma {
   }
   template <bool kBig>
   __device__ static void a_regs(const uint4& c, int j, const Factors& f, uint32_t& low, uint32_t& high) {
-    const uint32_t w = word(c, j / 2) >> (8 * (j % 2));
+    const uint32_t w = word(c, j / 2);
     const uint32_t scale = F == WeightFormat::nvfp4 && j >= 4 ? f.second : f.first;
-    low = mul_bf16x2(e2m1_pair(w), scale);
-    high = mul_bf16x2(e2m1_pair(w >> 4), scale);
+    low = mul_bf16x2(j % 2 == 0 ? fp4_pair<0>(w) : fp4_pair<2>(w), scale);
+    high = mul_bf16x2(j % 2 == 0 ? fp4_pair<1>(w) : fp4_pair<3>(w), scale);
     if constexpr (F == WeightFormat::mxfp4 && kBig) {
       if (f.big) low = mul_bf16x2(low, f.second), high = mul_bf16x2(high, f.second);
     }

@@ -101,7 +101,7 @@ struct Fp4 {
   static constexpr int kValues = 32;
   using Scale = std::conditional_t<F == WeightFormat::mxfp4, float, NvScales>;
   __device__ static void decode(uint4 c, float v[kValues]) {
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    const uint32_t w[4] = {unpack_fp4_word(c.x), unpack_fp4_word(c.y), unpack_fp4_word(c.z), unpack_fp4_word(c.w)};
 #pragma unroll
     for (int i = 0; i < kValues; ++i) v[i] = e2m1((w[i / 8] >> (4 * (i % 8))) & 0xfu);
   }
@@ -317,6 +317,22 @@ void launch_pairs(const DeviceWeight* table, const DeviceWeight& like, const int
   check(cudaGetLastError(), "gemv_pairs launch");
 }
 
+// FP4 codes packed in place (fp4_words.h), a word per thread.
+__global__ void pack_fp4_kernel(uint32_t* words, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i < n) words[i] = pack_fp4_word(words[i]);
+}
+
+void pack_fp4(void* data, uint64_t bytes) {
+  // Whole words always: an MX row is blocks of 32 values, an NVFP4 row of 16.
+  if (bytes % 4 != 0) throw std::runtime_error("cuda::upload: FP4 codes that are not whole 32-bit words");
+  const int64_t words = static_cast<int64_t>(bytes / 4);
+  if (words == 0) return;
+  pack_fp4_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(static_cast<uint32_t*>(data), words);
+  check(cudaGetLastError(), "pack_fp4 launch");
+  check(cudaDeviceSynchronize(), "pack_fp4");  // before any stream that does not wait for the default one
+}
+
 }  // namespace
 
 DeviceWeight upload(const Weight& w) {
@@ -330,6 +346,7 @@ DeviceWeight upload(const Weight& w) {
   void* data = nullptr;
   check(cudaMalloc(&data, w.data.nbytes()), "cudaMalloc");
   check(cudaMemcpy(data, w.data.data, w.data.nbytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  if (w.format == WeightFormat::mxfp4 || w.format == WeightFormat::nvfp4) pack_fp4(data, w.data.nbytes());
   d.data = data;
   d.bytes = w.data.nbytes();
   if (w.scale.data) {

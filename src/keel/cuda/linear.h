@@ -18,7 +18,7 @@ namespace keel::cuda {
 struct DeviceWeight {
   WeightFormat format = WeightFormat::bf16;
   DType dtype = DType::bf16;          // stored dtype of `data`
-  const void* data = nullptr;          // device
+  const void* data = nullptr;          // device; FP4 codes packed (cuda/fp4_words.h)
   const uint8_t* scale = nullptr;      // device; fp8_block / mxfp4 / nvfp4
   bool f32_scales = false;             // fp8_block with f32 scales
   float global_scale = 1.0f;           // nvfp4

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/convert.cuh"
+#include "cuda/fp4_words.h"
 #include "cuda/linear.h"
 
 namespace keel::cuda {
@@ -46,9 +47,9 @@ __device__ __forceinline__ float weight_value(const DeviceWeight& w, int64_t row
   } else if constexpr (F == WeightFormat::fp8_block) {
     return e4m3(static_cast<const uint8_t*>(w.data)[row * w.in + k]) * fp8_block_scale(w, row, k);
   } else {
-    const auto* bytes = static_cast<const uint8_t*>(w.data);
-    const int64_t n = row * w.in + k;  // packed two per byte, even k in the low nibble
-    const float code = e2m1((bytes[n / 2] >> (4 * (n % 2))) & 0xfu);
+    const auto* words = static_cast<const uint32_t*>(w.data);
+    const int64_t n = row * w.in + k;  // eight a word, packed (fp4_words.h)
+    const float code = e2m1((unpack_fp4_word(words[n / 8]) >> (4 * (n % 8))) & 0xfu);
     if constexpr (F == WeightFormat::mxfp4) return code * ue8m0(w.scale[n / 32]);
     return code * (e4m3(w.scale[n / 16]) * w.global_scale);  // the CPU's block scale, then the code
   }
