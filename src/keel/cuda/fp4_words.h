@@ -22,28 +22,24 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KEEL_FP4_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define KEEL_FP4_HOST_DEVICE inline
-#endif
+#include "base/host_device.h"
 
 namespace keel::cuda {
 
-KEEL_FP4_HOST_DEVICE constexpr uint32_t rotate_left(uint32_t w, int s) {
+KEEL_HOST_DEVICE constexpr uint32_t rotate_left(uint32_t w, int s) {
   return s == 0 ? w : (w << s) | (w >> (32 - s));
 }
 
 // The checkpoint's word packed: the bits of each mask rotated left by its amount (seven
 // groups of bits that move together, read off the table above).
-KEEL_FP4_HOST_DEVICE constexpr uint32_t pack_fp4_word(uint32_t w) {
+KEEL_HOST_DEVICE constexpr uint32_t pack_fp4_word(uint32_t w) {
   return rotate_left(w & 0x00800080u, 4) | rotate_left(w & 0x00070007u, 6) | rotate_left(w & 0x00080008u, 12) |
          rotate_left(w & 0x37003700u, 20) | rotate_left(w & 0x88008800u, 26) | rotate_left(w & 0x40004000u, 28) |
          rotate_left(w & 0x00700070u, 30);
 }
 
 // The checkpoint's word back from a packed one (for the readers that take one value at a time).
-KEEL_FP4_HOST_DEVICE constexpr uint32_t unpack_fp4_word(uint32_t p) {
+KEEL_HOST_DEVICE constexpr uint32_t unpack_fp4_word(uint32_t p) {
   return (rotate_left(p, 28) & 0x00800080u) | (rotate_left(p, 26) & 0x00070007u) |
          (rotate_left(p, 20) & 0x00080008u) | (rotate_left(p, 12) & 0x37003700u) |
          (rotate_left(p, 6) & 0x88008800u) | (rotate_left(p, 4) & 0x40004000u) | (rotate_left(p, 2) & 0x00700070u);
@@ -53,7 +49,7 @@ KEEL_FP4_HOST_DEVICE constexpr uint32_t unpack_fp4_word(uint32_t p) {
 // 2^-126: signs at bits 15 and 31, exponent and mantissa bits at 8..6 and 24..22 (code 1,
 // 0.5, reads as the subnormal 2^-127).
 template <int k>
-KEEL_FP4_HOST_DEVICE constexpr uint32_t fp4_pair(uint32_t p) {
+KEEL_HOST_DEVICE constexpr uint32_t fp4_pair(uint32_t p) {
   constexpr uint32_t kPair = 0x81c081c0u;  // the bits of one pair, signs and the rest
   if constexpr (k == 0) return p & kPair;
   if constexpr (k == 1) return (p << 4) & kPair;

@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define KEEL_HOST_DEVICE __host__ __device__
-#else
-#define KEEL_HOST_DEVICE
-#endif
+#include "base/host_device.h"
 
 namespace keel {
 
