@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
            unsigned* __restrict__ arrivals, PagedTables paged) {
   __shared__ __align__(16) float tiles[2][kTile * kMaxAttentionHeadDim];
   __shared__ const float* rows[kFound];  // key rows of the current pass
+  let_next_start();
+  wait_for_inputs();
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -231,8 +233,8 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
 // were split, a thread per column (merge_splits; launched with head_dim threads or more).
 __global__ void combine(const float* __restrict__ partial, const int32_t* __restrict__ key_offsets, int heads,
                         int head_dim, int stride, int keys_per_split, float* __restrict__ out) {
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int splits = splits_of(key_offsets[b + 1] - key_offsets[b], keys_per_split);
   if (splits == 1) return;  // written by the attention kernel
@@ -290,6 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(16) uint16_t khi[kKeys * kStride], klo[kKeys * kStride];
   __shared__ float reduce[2 * kQuarters][8][kWarp];  // each warp's partial S
   let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
+  wait_for_inputs();
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all, keys_per_split), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -506,9 +509,8 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
     throw std::runtime_error("cuda::attend_decode: no scratch (partial sums and arrival counters) for split keys");
   }
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
-  decode<<<grid, kHeadsPerBlock * kWarp, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks, scale, out,
-                                                      scratch.partial, scratch.arrivals, paged);
-  check(cudaGetLastError(), "attend_decode launch");
+  overlapped_launch("attend_decode launch", decode, grid, kHeadsPerBlock * kWarp, 0, stream, q, heads, head_dim, kv,
+                    key_index, key_offsets, sinks, scale, out, scratch.partial, scratch.arrivals, paged);
 }
 
 namespace {
@@ -522,9 +524,8 @@ void launch_mma(const char* who, const float* q, int rows, int heads, int head_d
   const int splits = splits_of(max_keys, keys_per_split);
   if (splits > 1 && scratch == nullptr) throw std::runtime_error(std::string(who) + ": no scratch for split keys");
   const dim3 grid((heads + mma_rows::kHeads - 1) / mma_rows::kHeads, rows, splits);
-  mma_rows::attend<<<grid, mma_rows::kThreads, 0, stream>>>(q, heads, head_dim, kv, key_index, key_offsets, sinks,
-                                                            scale, out, scratch, paged, keys_per_split);
-  check(cudaGetLastError(), "attend_mma launch");
+  overlapped_launch("attend_mma launch", mma_rows::attend, grid, mma_rows::kThreads, 0, stream, q, heads, head_dim, kv,
+                    key_index, key_offsets, sinks, scale, out, scratch, paged, keys_per_split);
   if (splits > 1) launch_combine(scratch, key_offsets, rows, heads, head_dim, splits, keys_per_split, out, stream);
 }
 

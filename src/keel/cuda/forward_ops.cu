@@ -1,5 +1,6 @@
 #include "cuda/check.cuh"
 #include "cuda/forward_ops.h"
+#include "cuda/launch.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -47,6 +48,8 @@ __global__ void add_to_groups_kernel(float* y, const float* e, int64_t rows, int
 }
 
 __global__ void scale_kernel(float* x, int64_t count, float factor) {
+  let_next_start();
+  wait_for_inputs();
   const int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   if (i < count) x[i] *= factor;
 }
@@ -110,8 +113,8 @@ void add_to_groups(float* y, const float* e, int64_t rows, int group, int64_t wi
 
 void scale(float* x, int64_t count, float factor, void* stream) {
   if (count <= 0) return;
-  scale_kernel<<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, count, factor);
-  check(cudaGetLastError(), "scale launch");
+  overlapped_launch("scale launch", scale_kernel, blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream), x,
+                    count, factor);
 }
 
 void compressor_slots(const float* kv, const float* gate, const float* ape, int64_t width, int dim, int ratio,

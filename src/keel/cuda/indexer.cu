@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/launch.cuh"
 
 namespace keel::cuda {
 namespace {
@@ -37,6 +38,8 @@ __global__ void __launch_bounds__(kScoreThreads)
   __shared__ __align__(16) float qs[kDimChunk][kRow];
   __shared__ __align__(16) float ks[kDimChunk][kRow];
   __shared__ float partial[kHeadGroups][kKeyTile];
+  let_next_start();
+  wait_for_inputs();
   const int64_t t = blockIdx.x;
   const int64_t n = min(int64_t{visible[t]}, max_visible);
   const int64_t w0 = int64_t{blockIdx.y} * kKeyTile;
@@ -153,6 +156,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ uint32_t hist[256];
   __shared__ uint32_t warp_sums[kSelectWarps];
   __shared__ uint32_t chosen_digit, chosen_ties;
+  let_next_start();
+  wait_for_inputs();
   const int64_t t = blockIdx.x;
   const int n = static_cast<int>(min(int64_t{visible[t]}, max_visible));
   int32_t* dst = out + out_offsets[t];
@@ -270,13 +275,12 @@ void indexer_select(const float* q, const float* weights, int64_t tokens, int he
   const auto s = static_cast<cudaStream_t>(stream);
   const float scale = 1.0f / std::sqrt(static_cast<float>(key_dim));  // as the CPU rounds it
   if (tiles > 0) {
-    score_keys<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(tiles)), kScoreThreads, 0, s>>>(
-        q, weights, heads, key_dim, keys, visible, max_visible, k, scale, scores, paged);
-    check(cudaGetLastError(), "indexer_select score launch");
+    overlapped_launch("indexer_select score launch", score_keys,
+                      dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(tiles)), kScoreThreads, 0, s, q, weights,
+                      heads, key_dim, keys, visible, max_visible, k, scale, scores, paged);
   }
-  select_top<<<static_cast<unsigned>(tokens), kSelectThreads, 0, s>>>(scores, max_visible, visible, k, index_base,
-                                                                       out_offsets, out, base_rows);
-  check(cudaGetLastError(), "indexer_select top-k launch");
+  overlapped_launch("indexer_select top-k launch", select_top, static_cast<unsigned>(tokens), kSelectThreads, 0, s,
+                    scores, max_visible, visible, k, index_base, out_offsets, out, base_rows);
 }
 
 void register_indexer(Registry& registry) {

@@ -4,8 +4,12 @@
 // must call wait_for_inputs() on every path before it reads anything an earlier kernel
 // wrote or writes anything an earlier kernel reads; once past it, every earlier kernel
 // has finished and its writes are visible (each of them waited in turn). It may call
-// let_next_start() early so that the kernel after it can start its own preamble. On
-// older GPUs both are no-ops and the launch is an ordinary one. For .cu files only.
+// let_next_start() early so that the kernel after it can start its own preamble: a
+// kernel that reads no weights calls it first of all, so that a product after it
+// launches and loads its first weights while the product before it still runs (a
+// product lets the next kernel start once past its wait, which bounds the chain of
+// launched, waiting kernels at the next product). On older GPUs both are no-ops and
+// the launch is an ordinary one. For .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>

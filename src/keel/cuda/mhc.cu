@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch
   const int hc = HC > 0 ? HC : a.hc;
   const int rows = (2 + hc) * hc;
   const int64_t t = blockIdx.z, width = hc * a.dim;
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   slice_dots<Width>(a.site.fn, a.streams, rows, width, kSiteWarps, a.dots);
   __shared__ bool last;
   __threadfence();  // this block's dots before its arrival
@@ -325,8 +325,8 @@ struct PairsOutput {
 template <typename Output>
 __global__ void expand(const float* __restrict__ post, const float* __restrict__ comb, const Output output,
                        float* streams, int hc, int64_t dim, int64_t tokens) {
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= tokens * dim) return;
   const int64_t t = n / dim, d = n % dim;

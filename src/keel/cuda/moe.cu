@@ -26,8 +26,8 @@ struct SwigluLaunch {
 // The CPU's expression in its order; std::min and std::clamp spelled out so that a NaN
 // gate or up goes through as it does there (fminf would drop it).
 __global__ void swiglu(const __grid_constant__ SwigluLaunch a) {
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   const float limit = a.limit;
   for (int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; n < a.first[a.count];
        n += int64_t{gridDim.x} * blockDim.x) {

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kThreads)
     route_tokens(float* logits, int experts, ScoringFunc func, const float* __restrict__ bias,
                  const int32_t* __restrict__ hashed, int k, float scaling, int32_t* __restrict__ experts_out,
                  float* __restrict__ weights_out) {
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   extern __shared__ float shared[];
   float* score = shared;                                  // [experts]
   float* biased = shared + experts;                       // [experts], score + bias

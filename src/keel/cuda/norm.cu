@@ -30,8 +30,8 @@ template <bool Weighted, int Width>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_rows(const float* x, const float* __restrict__ weight, float eps, float* out, int64_t dim) {
   __shared__ float shared[kMaxWarps];
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   const float* xr = x + int64_t{blockIdx.x} * dim;
   float* yr = out + int64_t{blockIdx.x} * dim;
   const int64_t chunks = dim / Width, stride = blockDim.x;

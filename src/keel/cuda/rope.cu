@@ -28,8 +28,8 @@ __device__ __forceinline__ void rotate_pair(float& a, float& b, int64_t position
 // One thread per rotated pair: index = ((token · heads) + head) · half + i.
 __global__ void rotate(const float* __restrict__ inv_freq, float* x, int64_t pairs, int half, int head_dim,
                        int heads, const int64_t* __restrict__ positions, float sign) {
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= pairs) return;
   const int i = static_cast<int>(n % half);
@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(1024)
     norm_rotate(const float* __restrict__ inv_freq, const __grid_constant__ NormRopeLaunch a, float eps, int head_dim,
                 int rope_start, const int64_t* __restrict__ positions) {
   __shared__ float partial[32];
-  wait_for_inputs();
   let_next_start();
+  wait_for_inputs();
   int p = 0;
   while (p + 1 < a.count && int64_t{blockIdx.x} >= a.first[p + 1]) ++p;
   const NormRopePiece& piece = a.piece[p];
