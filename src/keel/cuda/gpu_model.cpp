@@ -783,19 +783,57 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
   }
 }
 
-// The parts' keys, compressors, indexer and attention, each row on its own sequence's
-// state, into ws.o. Rows past the parts' (a decode graph's padding) get row 0's output,
-// so that they stay copies of row 0 (and route to its experts) through the layer.
-// The host's side comes first: everything the launches read is staged and reaches the
-// device in one flush (Staging), then the launches follow.
-void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+// What a layer's attention core launches with (attention_core): made on the host and
+// staged by plan_attention, on the device after the stage's next flush.
+struct AttentionPlan {
+  std::span<const Part> parts;
+  Projected in;
+  int64_t live = 0;
+  StagedCopies ring, after;  // the ring's new keys beside the core; the copies after it
+  CompressorWork compressors;
+  int32_t* key_index = nullptr;  // CSA: the indexer's picks go into each row's list
+  const int32_t* key_offsets = nullptr;
+  PagedTables key_tables{};
+  std::vector<int> longest;  // per part: keys of its longest list
+  int64_t max_visible = 0;
+  int most_keys = 0;
+  struct {
+    PagedTables tables{};
+    const int32_t *visible = nullptr, *picks_at = nullptr, *bases = nullptr;
+  } index;
+};
+
+// The workspace buffers a layer's attention projections write (projected()) and o, at
+// the sizes attention_projections gives them: a plan's staged copies and tables point
+// into them, so they must not move between the plan and the launches.
+void reserve_attention(const Step& s, const GpuModel::Layer& L) {
+  GpuModel::Workspace& ws = s.ws;
+  const int64_t S = s.count;
+  grow(ws.q, S * L.wq_b.w.out);
+  grow(ws.kv, S * L.wkv.w.out);
+  if (L.compressor) grow(ws.proj_kv, S * L.compressor->wkv.w.out), grow(ws.proj_gate, S * L.compressor->wgate.w.out);
+  if (L.index_compressor) {
+    grow(ws.index_kv, S * L.index_compressor->wkv.w.out), grow(ws.index_gate, S * L.index_compressor->wgate.w.out);
+    grow(ws.index_w, S * L.index_weights.w.out), grow(ws.index_q, S * L.index_wq_b.w.out);
+  }
+  grow(ws.o, S * s.c.num_attention_heads * s.c.head_dim);
+}
+
+// The host's side of a layer's attention core: each part's keys, compressor work,
+// indexer inputs and copies, staged (nothing is launched). Rows past the parts' (a
+// decode graph's padding) get row 0's output, so that they stay copies of row 0 (and
+// route to its experts) through the layer.
+AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
   const ModelConfig& c = s.c;
   const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
-  const int64_t live = parts.back().row + parts.back().count;
   GpuModel::Workspace& ws = s.ws;
   Staging& stage = ws.stage;
-  const Projected in = projected(ws, L);
-  float* kv = in.kv;
+  reserve_attention(s, L);
+  AttentionPlan p;
+  p.parts = parts;
+  p.in = projected(ws, L);
+  p.live = parts.back().row + parts.back().count;
+  float* kv = p.in.kv;
   for (const Part& part : parts) {
     DeviceLayerState& st = part.sequence->layers[layer];
     if (st.ring.empty()) st.ring.resize(sw);
@@ -812,7 +850,7 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
     DeviceLayerState& st = part.sequence->layers[layer];
     jobs.push_back({st.ring.write_row(part.start % sw), kv + part.row * hd, hd});  // after any block copy it makes
   }
-  const StagedCopies ring = stage_copies(stage, jobs);
+  p.ring = stage_copies(stage, jobs);
 
   // This chunk's compressor rows and entries into each sequence's state.
   std::vector<CompressorRows> compressor_rows;
@@ -820,97 +858,108 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
     const auto rows_of = [&](const float* projection, const std::optional<DeviceCompressor>& w) {
       return w ? projection + part.row * w->width() : nullptr;
     };
-    compressor_rows.push_back({&part.sequence->layers[layer], rows_of(in.ckv, L.compressor), rows_of(in.cgate, L.compressor),
-                               rows_of(in.ikv, L.index_compressor), rows_of(in.igate, L.index_compressor), part.count});
+    compressor_rows.push_back({&part.sequence->layers[layer], rows_of(p.in.ckv, L.compressor),
+                               rows_of(p.in.cgate, L.compressor), rows_of(p.in.ikv, L.index_compressor),
+                               rows_of(p.in.igate, L.index_compressor), part.count});
   }
-  const CompressorWork compressors = plan_compressors(s, L, compressor_rows);
+  p.compressors = plan_compressors(s, L, compressor_rows);
 
   // Every row's key list indexes its own part's block table: the kernels get a table per
   // row, so one launch covers all the sequences.
-  const KeyLists keys = key_lists(s, L, layer, parts);
-  int32_t* key_index = stage.stage(std::span<const int32_t>(keys.index));
-  const int32_t* key_offsets = stage.stage(std::span<const int32_t>(keys.offsets));
+  KeyLists keys = key_lists(s, L, layer, parts);
+  p.key_index = stage.stage(std::span<const int32_t>(keys.index));
+  p.key_offsets = stage.stage(std::span<const int32_t>(keys.offsets));
   const int per_block = static_cast<int>(parts.front().sequence->layers[layer].ring.rows_per_block());
-  const PagedTables key_tables{stage_tables(stage, parts,
-                                            [&](const Part& part, std::vector<const float*>& table) {
-                                              const DeviceLayerState& st = part.sequence->layers[layer];
-                                              add_blocks(st.ring, table);
-                                              for (int64_t r = 0; r < part.count; r += per_block) {
-                                                table.push_back(kv + (part.row + r) * hd);
-                                              }
-                                              add_blocks(st.entries, table);
-                                            }),
-                               per_block};
-  int64_t max_visible = 0;
-  int longest = 0;
+  p.key_tables = {stage_tables(stage, parts,
+                               [&](const Part& part, std::vector<const float*>& table) {
+                                 const DeviceLayerState& st = part.sequence->layers[layer];
+                                 add_blocks(st.ring, table);
+                                 for (int64_t r = 0; r < part.count; r += per_block) {
+                                   table.push_back(kv + (part.row + r) * hd);
+                                 }
+                                 add_blocks(st.entries, table);
+                               }),
+                  per_block};
   for (size_t i = 0; i < parts.size(); ++i) {
-    max_visible = std::max(max_visible, keys.max_visible[i]);
-    longest = std::max(longest, keys.longest[i]);
+    p.max_visible = std::max(p.max_visible, keys.max_visible[i]);
+    p.most_keys = std::max(p.most_keys, keys.longest[i]);
   }
-  struct {
-    PagedTables tables{};
-    const int32_t *visible = nullptr, *picks_at = nullptr, *bases = nullptr;
-  } index;
+  p.longest = std::move(keys.longest);
   if (L.index_compressor) {
     std::vector<int32_t> bases;
     for (const Part& part : parts) {
       bases.insert(bases.end(), part.count, static_cast<int32_t>(KeyLayout(part.sequence->layers[layer], part.count).entries));
     }
-    index.tables = {stage_tables(stage, parts,
-                                 [&](const Part& part, std::vector<const float*>& table) {
-                                   add_blocks(part.sequence->layers[layer].index_keys, table);
-                                 }),
-                    static_cast<int>(parts.front().sequence->layers[layer].index_keys.rows_per_block())};
-    index.visible = stage.stage(std::span<const int32_t>(keys.visible));
-    index.picks_at = stage.stage(std::span<const int32_t>(keys.picks_at));
-    index.bases = stage.stage(std::span<const int32_t>(bases));
+    p.index.tables = {stage_tables(stage, parts,
+                                   [&](const Part& part, std::vector<const float*>& table) {
+                                     add_blocks(part.sequence->layers[layer].index_keys, table);
+                                   }),
+                      static_cast<int>(parts.front().sequence->layers[layer].index_keys.rows_per_block())};
+    p.index.visible = stage.stage(std::span<const int32_t>(keys.visible));
+    p.index.picks_at = stage.stage(std::span<const int32_t>(keys.picks_at));
+    p.index.bases = stage.stage(std::span<const int32_t>(bases));
   }
   for (const Part& part : parts) {  // after the attention, the ring keeps the newest keys
     if (ring_beside(part)) continue;
     DeviceLayerState& st = part.sequence->layers[layer];
     const int64_t end = part.start + part.count;
-    for (int64_t p = std::max(part.start, end - sw); p < end; ++p) {
-      jobs.push_back({st.ring.write_row(p % sw), kv + (part.row + p - part.start) * hd, hd});
+    for (int64_t q = std::max(part.start, end - sw); q < end; ++q) {
+      jobs.push_back({st.ring.write_row(q % sw), kv + (part.row + q - part.start) * hd, hd});
     }
   }
   float* o = ws.o.data();
-  for (int64_t r = live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
-  const StagedCopies after = stage_copies(stage, jobs);
-  // With a side stream, the flush runs there at once, beside the projections the stream
-  // may still be running (nothing it writes is read before the stream waits for it);
-  // then, after the projections, the copies no launch of this core reads: the ring's new
-  // keys and the rows that join open compressor windows (a state's rows either join its
-  // open window or are gathered by its closing ones, never both in one call).
+  for (int64_t r = p.live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
+  p.after = stage_copies(stage, jobs);
+  return p;
+}
+
+// What was staged so far to the device: on the side stream where there is one (beside
+// whatever the stream still runs), which the stream then waits for.
+void flush_staged(const Step& s) {
+  if (!s.side) return s.ws.stage.flush(s.stream);
+  s.ws.stage.flush(s.side->stream);
+  s.side->rejoin(s.stream);
+}
+
+// A planned attention core's launches, after its flush: the parts' keys, compressors,
+// indexer and attention, each row on its own sequence's state, into ws.o. With a side
+// stream, the copies no launch of the core reads (the ring's new keys and the rows that
+// join open compressor windows; a state's rows either join its open window or are
+// gathered by its closing ones, never both in one call) run there, after the
+// projections; the stream waits for them at the next flush_staged.
+void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const AttentionPlan& p) {
+  const ModelConfig& c = s.c;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, live = p.live;
+  const std::span<const Part> parts = p.parts;
+  GpuModel::Workspace& ws = s.ws;
   const cudaStream_t beside = s.side ? s.side->stream : s.stream;
-  stage.flush(beside);
-  if (s.side) {
-    s.side->rejoin(s.stream);
-    s.side->start(s.stream);
-  }
-  ring.run(beside);
-  compressors.rows_in.run(beside);
+  if (s.side) s.side->start(s.stream);
+  p.ring.run(beside);
+  p.compressors.rows_in.run(beside);
   s.mark("attention: compressor windows");
   if (s.journal) {  // one sequence's verification: its compressor inputs, for a rewind's replay
     auto& saved = s.journal->layers.at(static_cast<size_t>(layer));
     const auto keep = [&](DeviceBuffer<float>& to, const float* from, int64_t width) {
       if (from) copy_into(to, from, live * width, s.stream);
     };
-    if (L.compressor) keep(saved[0], in.ckv, L.compressor->width()), keep(saved[1], in.cgate, L.compressor->width());
+    if (L.compressor) keep(saved[0], p.in.ckv, L.compressor->width()), keep(saved[1], p.in.cgate, L.compressor->width());
     if (L.index_compressor) {
-      keep(saved[2], in.ikv, L.index_compressor->width()), keep(saved[3], in.igate, L.index_compressor->width());
+      keep(saved[2], p.in.ikv, L.index_compressor->width()), keep(saved[3], p.in.igate, L.index_compressor->width());
     }
   }
-  compressors.windows.run(s);
-  compressors.index_windows.run(s);
+  p.compressors.windows.run(s);
+  p.compressors.index_windows.run(s);
   s.mark("attention: key lists, indexer top-k");
   if (L.index_compressor) {
-    float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * max_visible));
-    s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, index.visible, max_visible,
-              c.index_topk, 0, index.picks_at, key_index, scores, index.tables, index.bases, s.stream);
+    float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
+    s.k.index(p.in.index_q, p.in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, p.index.visible,
+              p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, scores, p.index.tables, p.index.bases,
+              s.stream);
   }
   s.mark("attention: attend");
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
-  const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), longest));
+  const int64_t per_row =
+      std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), p.most_keys));
   const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
   const int64_t counters = attend_decode_arrivals(static_cast<int>(group), static_cast<int>(H));
   const SplitScratch scratch{grow(ws.attention_scratch, group * per_row),
@@ -919,26 +968,34 @@ void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::spa
   // other parts of the call: one-token parts (decode) through the decode kernel, longer
   // chunks through the prefill kernel, and a verification's drafts (a call with a
   // journal) through the verify kernel. Consecutive parts of a kind share launches.
-  const auto kernel_of = [&](const Part& p) {
-    const auto kernel = p.count == 1 ? s.k.attend_decode : s.journal ? s.k.attend_verify : s.k.attend_prefill;
+  const auto kernel_of = [&](const Part& part) {
+    const auto kernel = part.count == 1 ? s.k.attend_decode : s.journal ? s.k.attend_verify : s.k.attend_prefill;
     if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU attention kernel was planned for this kind of chunk");
     return kernel;
   };
+  float* o = ws.o.data();
   for (size_t first = 0, end = 0; first < parts.size(); first = end) {
     const auto attend = kernel_of(parts[first]);
     int run_longest = 0;
     for (end = first; end < parts.size() && kernel_of(parts[end]) == attend; ++end) {
-      run_longest = std::max(run_longest, keys.longest[end]);
+      run_longest = std::max(run_longest, p.longest[end]);
     }
     const int64_t run_end = parts[end - 1].row + parts[end - 1].count;
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
-      attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, key_index,
-             key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
-             run_longest, PagedTables{key_tables.tables + r, per_block}, s.stream);
+      attend(p.in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, p.key_index,
+             p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
+             run_longest, PagedTables{p.key_tables.tables + r, p.key_tables.rows_per_block}, s.stream);
     }
   }
-  after.run(s.stream);
+  p.after.run(s.stream);
+}
+
+// A layer's whole attention core (after its projections), its copies joined at the end.
+void attention_core(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+  const AttentionPlan plan = plan_attention(s, L, layer, parts);
+  flush_staged(s);
+  attend_planned(s, L, layer, plan);
   if (s.side) s.side->rejoin(s.stream);
 }
 
@@ -1609,14 +1666,23 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     return Step{c, share_, layer_kernels_[l], rope, ws, stream_, S, journal, side_.get()};
   };
   const int layers = c.num_hidden_layers;
+  // Each layer's attention core is planned, and what it reads flushed, before the graph
+  // piece that leads to it: the stream then waits for the side stream once before each
+  // piece (for that flush and for the core before's copies), not also before each core;
+  // a wait there cost the core's first launch about 1.5 us (docs/perf.md, 2026-12-04).
   Pieces pieces(graphs, bucket, stream_);
+  std::optional<AttentionPlan> plan;
+  if (layers > 0) plan = plan_attention(step(0), layers_[0], 0, parts);
+  flush_staged(step(0));
   pieces.run([&] {
     if (ws.timer) ws.timer->mark("embedding", stream_);
     top.embedding(embed_, ws.tokens.data(), S, hp.hc, ws.streams.data(), stream_);
     if (layers > 0) layer_in(step(0), hp, layers_[0]);
   });
   for (int l = 0; l < layers; ++l) {
-    attention_core(step(l), layers_[l], l, parts);
+    attend_planned(step(l), layers_[l], l, *plan);
+    if (l + 1 < layers) plan = plan_attention(step(l + 1), layers_[l + 1], l + 1, parts);
+    flush_staged(step(l));
     pieces.run([&] {
       layer_out(step(l), hp, layers_[l]);
       if (l + 1 < layers) layer_in(step(l + 1), hp, layers_[l + 1]);
