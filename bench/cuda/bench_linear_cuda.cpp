@@ -4,7 +4,8 @@
 // CUDA-core GEMV; mma: linear_mma(), the tensor-core kernel) with the floor of its size
 // (read_floor.h: one kernel reading the weight's bytes and nothing else); then one token's
 // projections of one x as a Flash layer makes them, one by one and as one group
-// (linear_mma_group); then FP8 and MXFP4 shapes
+// (linear_mma_group); then a layer's one-token FP8 products as a dependent chain (alone,
+// launched in turn, from a CUDA graph); then FP8 and MXFP4 shapes
 // at 1, 8, 64, 256 and 4096 tokens per call (FP8 also by w8a8: linear_w8a8, FP8
 // activations on FP8 tensor cores, on sm_89 and later); then the routed experts' pair forms (gemv:
 // linear_pairs, mma: linear_pairs_mma) over 256 experts, 6 per token; then the
@@ -219,6 +220,99 @@ int main(int argc, char** argv) {
     const double bw = group_bytes / grouped;
     fmt::print("{:<28} {:>8} {:>12.1f} {:>10.1f}us {:>10.1f}us {:>12.0f} {:>7.1f}%\n", g.name, g.members.size(),
                group_bytes / 1048576.0, alone * 1e6, grouped * 1e6, bw / 1e9, 100 * bw / copy_bw);
+    for (auto& ws : copies) {
+      for (keel::cuda::DeviceWeight& w : ws) keel::cuda::release(w);
+    }
+    for (float* y : ys) cudaFree(y);
+    cudaFree(x);
+  }
+
+  // One token's dense products in a chain, each taking the output of the one before as
+  // its x, as a decode layer runs them (wq_a, wq_b, wo_b, then the shared expert's w1 and
+  // w2; Flash's shapes, FP8): each alone (summed), launched one after the other, and
+  // replayed from a CUDA graph (as the decode graphs run them: a launch may start while
+  // the one before ends), against one read of all their bytes (the floor). What the
+  // chain takes beyond its bytes at the copy bandwidth, per launch, is the price of a
+  // product boundary, which no single product's row shows. Each call takes the next of 4
+  // copies of the chain (no weight found in L2).
+  {
+    const keel::WeightFormat fp8 = keel::WeightFormat::fp8_block;
+    const Case chain[] = {{"wq_a", 1024, 4096, fp8, keel::DType::f8_e4m3},
+                          {"wq_b", 32768, 1024, fp8, keel::DType::f8_e4m3},
+                          {"wo_b", 4096, 8192, fp8, keel::DType::f8_e4m3},
+                          {"shared w1", 2048, 4096, fp8, keel::DType::f8_e4m3},
+                          {"shared w2", 4096, 2048, fp8, keel::DType::f8_e4m3}};
+    constexpr int kCopies = 4;
+    std::vector<std::vector<keel::cuda::DeviceWeight>> copies(kCopies);
+    std::vector<float*> ys;
+    uint64_t chain_bytes = 0;
+    for (const Case& c : chain) {
+      const keel::OwnedWeight host(normal(size_t(c.out * c.in)), c.out, c.in, c.format, c.dtype);
+      for (auto& ws : copies) ws.push_back(keel::cuda::upload(host.weight()));
+      chain_bytes += copies[0].back().bytes;
+      float* y = nullptr;
+      check(cudaMalloc(reinterpret_cast<void**>(&y), c.out * sizeof(float)));
+      ys.push_back(y);
+    }
+    int64_t widest = 0;  // each alone reads x: as wide as the widest product's input
+    for (const Case& c : chain) widest = std::max(widest, c.in);
+    const std::vector<float> xs = normal(size_t(widest));
+    float* x = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * sizeof(float)));
+    check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // Product i reads the first chain[i].in values of the one before's output.
+    const auto run_chain = [&](const std::vector<keel::cuda::DeviceWeight>& ws, cudaStream_t stream) {
+      const float* in = x;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        keel::cuda::linear_mma(ws[i], in, ys[i], 1, stream);
+        in = ys[i];
+      }
+    };
+    double alone = 0;
+    for (size_t i = 0; i < std::size(chain); ++i) {
+      size_t next = 0;
+      alone += seconds([&] { keel::cuda::linear_mma(copies[next++ % kCopies][i], x, ys[i], 1, nullptr); }, iters);
+    }
+    size_t next = 0;
+    const double launched = seconds([&] { run_chain(copies[next++ % kCopies], nullptr); }, iters);
+    cudaStream_t capturing = nullptr;
+    check(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+    std::vector<cudaGraphExec_t> graphs;
+    for (const auto& ws : copies) {
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      check(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal));
+      run_chain(ws, capturing);
+      check(cudaStreamEndCapture(capturing, &graph));
+      check(cudaGraphInstantiate(&exec, graph, 0));
+      check(cudaGraphDestroy(graph));
+      graphs.push_back(exec);
+    }
+    const double replayed = seconds([&] { check(cudaGraphLaunch(graphs[next++ % kCopies], nullptr)); }, iters);
+    check(cudaDeviceSynchronize());
+    void* raw = nullptr;  // the floor: kCopies times the chain's bytes, read a chain's worth at a time
+    check(cudaMalloc(&raw, kCopies * chain_bytes));
+    check(cudaMemset(raw, 1, kCopies * chain_bytes));
+    double floor = 1e30;
+    for (const int per_multiprocessor : {2, 4, 8}) {
+      floor = std::min(floor, seconds([&] {
+                         stream_read(static_cast<char*>(raw) + next++ % kCopies * chain_bytes, chain_bytes / 16 * 16,
+                                     per_multiprocessor);
+                       }, iters));
+    }
+    const double at_copy = chain_bytes / copy_bw;
+    fmt::print("\none token's chain: wq_a, wq_b, wo_b, shared w1, w2 (fp8, {:.1f} MiB; at the copy bandwidth {:.1f} us, "
+               "one read {:.1f} us)\n",
+               chain_bytes / 1048576.0, at_copy * 1e6, floor * 1e6);
+    fmt::print("{:<20} {:>10} {:>8} {:>18}\n", "how", "us", "of copy", "us a launch over");
+    for (const auto& [how, s] : {std::pair<const char*, double>{"each alone, summed", alone},
+                                 {"launched in turn", launched}, {"graph replay", replayed}}) {
+      fmt::print("{:<20} {:>10.1f} {:>7.1f}% {:>18.2f}\n", how, s * 1e6, 100 * at_copy / s,
+                 (s - at_copy) * 1e6 / std::size(chain));
+    }
+    for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+    cudaStreamDestroy(capturing);
+    cudaFree(raw);
     for (auto& ws : copies) {
       for (keel::cuda::DeviceWeight& w : ws) keel::cuda::release(w);
     }
