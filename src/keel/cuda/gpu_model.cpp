@@ -676,6 +676,37 @@ Projected projected(GpuModel::Workspace& ws, const GpuModel::Layer& L) {
   return p;
 }
 
+// A layer's attention projections, into the buffers projected() names: those of x (the
+// compressors' and the indexer's too), then those of the normed q latent.
+struct AttentionProjections {
+  std::vector<Step::Projection> of_x, of_qr;
+};
+
+AttentionProjections attention_projections_of(GpuModel::Workspace& ws, const GpuModel::Layer& L) {
+  AttentionProjections p{{{&L.wq_a, &ws.qr}, {&L.wkv, &ws.kv}}, {{&L.wq_b, &ws.q}}};
+  if (L.compressor) {
+    p.of_x.insert(p.of_x.end(), {{&L.compressor->wkv, &ws.proj_kv}, {&L.compressor->wgate, &ws.proj_gate}});
+  }
+  if (L.index_compressor) {
+    p.of_x.insert(p.of_x.end(), {{&L.index_compressor->wkv, &ws.index_kv},
+                                 {&L.index_compressor->wgate, &ws.index_gate},
+                                 {&L.index_weights, &ws.index_w}});
+    p.of_qr.push_back({&L.index_wq_b, &ws.index_q});
+  }
+  return p;
+}
+
+// Every buffer both sides of a layer's attention core use (the projections' outputs,
+// and o, written by the core and read by the output projections), at its size for the
+// call: a plan's staged copies and tables point into them, so they must not move
+// between the plan and the launches.
+void reserve_attention(const Step& s, const AttentionProjections& p) {
+  for (const std::vector<Step::Projection>* list : {&p.of_x, &p.of_qr}) {
+    for (const Step::Projection& q : *list) grow(*q.out, s.count * q.w->w.out);
+  }
+  grow(s.ws.o, s.count * s.c.num_attention_heads * s.c.head_dim);
+}
+
 // Every row's projections at once (into the buffers projected() names).
 void attention_projections(const Step& s, const GpuModel::Layer& L, const float* x) {
   const ModelConfig& c = s.c;
@@ -683,30 +714,17 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
   GpuModel::Workspace& ws = s.ws;
   const int64_t* positions = ws.positions.data();
 
-  // Every projection of x at once (the compressors' and the indexer's too), then those
-  // of the normed q latent.
+  // Every projection of x at once, then those of the normed q latent.
   s.mark("attention: projections, norms, rope");
-  std::vector<Step::Projection> of_x{{&L.wq_a, &ws.qr}, {&L.wkv, &ws.kv}};
-  if (L.compressor) {
-    of_x.insert(of_x.end(), {{&L.compressor->wkv, &ws.proj_kv}, {&L.compressor->wgate, &ws.proj_gate}});
-  }
-  if (L.index_compressor) {
-    of_x.insert(of_x.end(), {{&L.index_compressor->wkv, &ws.index_kv},
-                             {&L.index_compressor->wgate, &ws.index_gate},
-                             {&L.index_weights, &ws.index_w}});
-  }
-  s.project_all(of_x, x);
+  const AttentionProjections projections = attention_projections_of(ws, L);
+  reserve_attention(s, projections);
+  s.project_all(projections.of_x, x);
   float* qr = ws.qr.data();
   s.k.norm(qr, L.q_norm.data(), s.eps(), qr, S, c.q_lora_rank, s.stream);
-  std::vector<Step::Projection> of_qr{{&L.wq_b, &ws.q}};
-  if (L.index_compressor) of_qr.push_back({&L.index_wq_b, &ws.index_q});
-  s.project_all(of_qr, qr);
+  s.project_all(projections.of_qr, qr);
   // Each q head's unweighted norm and kv's norm, each with its rotation, in one launch.
   const NormRopePiece heads_and_kv[] = {{ws.q.data(), static_cast<int>(H), nullptr}, {ws.kv.data(), 1, L.kv_norm.data()}};
   norm_rope(s.rope, heads_and_kv, S, static_cast<int>(hd), s.eps(), positions, s.stream);
-  // o is written by the core and read by the output projections: sized here, with the
-  // other buffers both sides use.
-  grow(ws.o, S * H * hd);
   if (L.index_compressor) {
     cuda::rope(s.rope, ws.index_q.data(), S, c.index_n_heads, c.index_head_dim, positions, false, s.stream);
     scale(ws.index_w.data(), S * c.index_n_heads, 1.0f / std::sqrt(static_cast<float>(c.index_n_heads)), s.stream);
@@ -717,8 +735,6 @@ void attention_projections(const Step& s, const GpuModel::Layer& L, const float*
 // staged by plan_attention, on the device after the stage's next flush.
 struct AttentionPlan {
   std::span<const Part> parts;
-  Projected in;
-  int64_t live = 0;
   StagedCopies ring, after;  // the ring's new keys beside the core; the copies after it
   CompressorWork compressors;
   int32_t* key_index = nullptr;  // CSA: the indexer's picks go into each row's list
@@ -726,28 +742,12 @@ struct AttentionPlan {
   PagedTables key_tables{};
   std::vector<int> longest;  // per part: keys of its longest list
   int64_t max_visible = 0;
-  int most_keys = 0;
   struct {
     PagedTables tables{};
     const int32_t *visible = nullptr, *picks_at = nullptr, *bases = nullptr;
   } index;
+  int64_t live() const { return parts.back().row + parts.back().count; }  // rows with a part
 };
-
-// The workspace buffers a layer's attention projections write (projected()) and o, at
-// the sizes attention_projections gives them: a plan's staged copies and tables point
-// into them, so they must not move between the plan and the launches.
-void reserve_attention(const Step& s, const GpuModel::Layer& L) {
-  GpuModel::Workspace& ws = s.ws;
-  const int64_t S = s.count;
-  grow(ws.q, S * L.wq_b.w.out);
-  grow(ws.kv, S * L.wkv.w.out);
-  if (L.compressor) grow(ws.proj_kv, S * L.compressor->wkv.w.out), grow(ws.proj_gate, S * L.compressor->wgate.w.out);
-  if (L.index_compressor) {
-    grow(ws.index_kv, S * L.index_compressor->wkv.w.out), grow(ws.index_gate, S * L.index_compressor->wgate.w.out);
-    grow(ws.index_w, S * L.index_weights.w.out), grow(ws.index_q, S * L.index_wq_b.w.out);
-  }
-  grow(ws.o, S * s.c.num_attention_heads * s.c.head_dim);
-}
 
 // The host's side of a layer's attention core: each part's keys, compressor work,
 // indexer inputs and copies, staged (nothing is launched). Rows past the parts' (a
@@ -758,12 +758,11 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
   const int64_t S = s.count, H = c.num_attention_heads, hd = c.head_dim, sw = c.sliding_window;
   GpuModel::Workspace& ws = s.ws;
   Staging& stage = ws.stage;
-  reserve_attention(s, L);
+  reserve_attention(s, attention_projections_of(ws, L));
   AttentionPlan p;
   p.parts = parts;
-  p.in = projected(ws, L);
-  p.live = parts.back().row + parts.back().count;
-  float* kv = p.in.kv;
+  const Projected in = projected(ws, L);
+  float* kv = in.kv;
   for (const Part& part : parts) {
     DeviceLayerState& st = part.sequence->layers[layer];
     if (st.ring.empty()) st.ring.resize(sw);
@@ -788,9 +787,8 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
     const auto rows_of = [&](const float* projection, const std::optional<DeviceCompressor>& w) {
       return w ? projection + part.row * w->width() : nullptr;
     };
-    compressor_rows.push_back({&part.sequence->layers[layer], rows_of(p.in.ckv, L.compressor),
-                               rows_of(p.in.cgate, L.compressor), rows_of(p.in.ikv, L.index_compressor),
-                               rows_of(p.in.igate, L.index_compressor), part.count});
+    compressor_rows.push_back({&part.sequence->layers[layer], rows_of(in.ckv, L.compressor), rows_of(in.cgate, L.compressor),
+                               rows_of(in.ikv, L.index_compressor), rows_of(in.igate, L.index_compressor), part.count});
   }
   p.compressors = plan_compressors(s, L, compressor_rows);
 
@@ -810,10 +808,7 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
                                  add_blocks(st.entries, table);
                                }),
                   per_block};
-  for (size_t i = 0; i < parts.size(); ++i) {
-    p.max_visible = std::max(p.max_visible, keys.max_visible[i]);
-    p.most_keys = std::max(p.most_keys, keys.longest[i]);
-  }
+  for (const int64_t visible : keys.max_visible) p.max_visible = std::max(p.max_visible, visible);
   p.longest = std::move(keys.longest);
   if (L.index_compressor) {
     std::vector<int32_t> bases;
@@ -838,7 +833,7 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
     }
   }
   float* o = ws.o.data();
-  for (int64_t r = p.live; r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
+  for (int64_t r = p.live(); r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   p.after = stage_copies(stage, jobs);
   return p;
 }
@@ -859,9 +854,10 @@ void flush_staged(const Step& s) {
 // projections; the stream waits for them at the next flush_staged.
 void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const AttentionPlan& p) {
   const ModelConfig& c = s.c;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, live = p.live;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, live = p.live();
   const std::span<const Part> parts = p.parts;
   GpuModel::Workspace& ws = s.ws;
+  const Projected in = projected(ws, L);  // where the plan's copies and tables point (reserve_attention)
   const cudaStream_t beside = s.side ? s.side->stream : s.stream;
   if (s.side) s.side->start(s.stream);
   p.ring.run(beside);
@@ -872,9 +868,9 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
     const auto keep = [&](DeviceBuffer<float>& to, const float* from, int64_t width) {
       if (from) copy_into(to, from, live * width, s.stream);
     };
-    if (L.compressor) keep(saved[0], p.in.ckv, L.compressor->width()), keep(saved[1], p.in.cgate, L.compressor->width());
+    if (L.compressor) keep(saved[0], in.ckv, L.compressor->width()), keep(saved[1], in.cgate, L.compressor->width());
     if (L.index_compressor) {
-      keep(saved[2], p.in.ikv, L.index_compressor->width()), keep(saved[3], p.in.igate, L.index_compressor->width());
+      keep(saved[2], in.ikv, L.index_compressor->width()), keep(saved[3], in.igate, L.index_compressor->width());
     }
   }
   p.compressors.windows.run(s);
@@ -882,14 +878,14 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
   s.mark("attention: key lists, indexer top-k");
   if (L.index_compressor) {
     float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
-    s.k.index(p.in.index_q, p.in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, p.index.visible,
+    s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, p.index.visible,
               p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, scores, p.index.tables, p.index.bases,
               s.stream);
   }
   s.mark("attention: attend");
   // Rows in groups whose split-key scratch stays within kAttentionScratch.
-  const int64_t per_row =
-      std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), p.most_keys));
+  const int most_keys = std::ranges::max(p.longest);
+  const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), most_keys));
   const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
   const int64_t counters = attend_decode_arrivals(static_cast<int>(group), static_cast<int>(H));
   const SplitScratch scratch{grow(ws.attention_scratch, group * per_row),
@@ -913,7 +909,7 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
     const int64_t run_end = parts[end - 1].row + parts[end - 1].count;
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
-      attend(p.in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, p.key_index,
+      attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, p.key_index,
              p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
              run_longest, PagedTables{p.key_tables.tables + r, p.key_tables.rows_per_block}, s.stream);
     }
