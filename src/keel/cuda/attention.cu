@@ -114,35 +114,38 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   }
   float m = split == 0 ? (active ? sinks[h] : 0.0f) : -INFINITY, l = split == 0 ? 1.0f : 0.0f;
 
-  // Keys `first` .. `first + n - 1` of the pass (n ≤ kTile) into `tile`, one commit group.
+  // Keys `first` .. `first + n - 1` of the pass (n ≤ kTile) into `tile`, one commit group;
+  // the rows past n are zeroed, so that the fold reads a whole tile. A thread copies the
+  // same columns of each row (head_dim ≤ the block's threads · 4): no division a copy.
   const bool vector = head_dim % 4 == 0;  // rows 16-byte aligned: whole float4 copies
+  static_assert(kMaxAttentionHeadDim <= 4 * kFound, "a thread's one float4 of each row");
   const auto stage = [&](int first, int n, float* tile) {
-    if (vector) {
-      const int quads = head_dim / 4;
-      for (int e = threadIdx.x; e < n * quads; e += blockDim.x) {
-        const int j = e / quads, d = 4 * (e % quads);
-        cp_async16(tile + j * kMaxAttentionHeadDim + d, rows[first + j] + d);
-      }
-    } else {
-      for (int e = threadIdx.x; e < n * head_dim; e += blockDim.x) {
-        const int j = e / head_dim, d = e % head_dim;
-        cp_async4(tile + j * kMaxAttentionHeadDim + d, rows[first + j] + d);
+    for (int j = 0; j < kTile; ++j) {
+      float* to = tile + j * kMaxAttentionHeadDim;
+      if (j >= n) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) to[d] = 0.0f;
+      } else if (vector) {
+        if (const int d = 4 * threadIdx.x; d < head_dim) cp_async16(to + d, rows[first + j] + d);
+      } else {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) cp_async4(to + d, rows[first + j] + d);
       }
     }
     cp_async_commit();
   };
-  // The tile's n keys into m, l and acc, in key order.
+  // The tile's n keys into m, l and acc at once: the scores of the whole tile, then one
+  // new max and one correction for the tile, its exponentials side by side, and each
+  // channel's sum over the tile's keys. Folding key by key made every key's two
+  // exponentials and 16 multiply-adds wait on the key before (the kernel grew by about
+  // 3.6 us a tile of a split: docs/perf.md, 2026-12-02).
   const auto fold = [&](const float* tile, int n) {
     float s[kTile];
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
       float partial = 0.0f;
-      if (j < n) {
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int d = lane + kWarp * i;
-          if (d < head_dim) partial += qh[i] * tile[j * kMaxAttentionHeadDim + d];
-        }
+      for (int i = 0; i < kPerLane; ++i) {
+        const int d = lane + kWarp * i;
+        if (d < head_dim) partial += qh[i] * tile[j * kMaxAttentionHeadDim + d];
       }
       s[j] = partial;
     }
@@ -151,24 +154,26 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
 #pragma unroll
       for (int offset = kWarp / 2; offset > 0; offset /= 2) s[j] += __shfl_xor_sync(0xffffffffu, s[j], offset);
     }
+    float top = m;
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      if (j >= n) break;
-      const float score = s[j] * scale;
-      if (score > m) {
-        const float correction = expf(m - score);
-        l *= correction;
+      s[j] = j < n ? s[j] * scale : -INFINITY;
+      top = fmaxf(top, s[j]);
+    }
+    const float correction = expf(m - top);  // 0 while m is -inf (a split's first tile)
+    float sum = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc[i] *= correction;
-        m = score;
-      }
-      const float p = expf(score - m);
-      l += p;
+    for (int j = 0; j < kTile; ++j) sum += s[j] = expf(s[j] - top);  // 0 past n
+    l = l * correction + sum;
+    m = top;
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + kWarp * i;
-        if (d < head_dim) acc[i] += p * tile[j * kMaxAttentionHeadDim + d];
-      }
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + kWarp * i;
+      if (d >= head_dim) continue;
+      float channel = acc[i] * correction;
+#pragma unroll
+      for (int j = 0; j < kTile; ++j) channel += s[j] * tile[j * kMaxAttentionHeadDim + d];
+      acc[i] = channel;
     }
   };
 
@@ -282,7 +287,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p, boo
 
 // Block (head group, row, split). The staged tile: key j's row as bf16 hi and lo, kPad
 // apart from the next row; each thread stages a sixteenth of one key's row, fetching the
-// next tile into registers while the block computes on this one.
+// next tile into registers while the block computes on this one. The key rows are found
+// kThreads at a time (a thread a key), so that a tile's fetch is one memory round trip,
+// not three (list entry, block table, row).
 __global__ void __launch_bounds__(kThreads, 1)
     attend(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
@@ -291,6 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStride = kMaxAttentionHeadDim + kPad;
   __shared__ __align__(16) uint16_t khi[kKeys * kStride], klo[kKeys * kStride];
   __shared__ float reduce[2 * kQuarters][8][kWarp];  // each warp's partial S
+  __shared__ const float* rows[kThreads];             // key rows of keys kThreads·n .. kThreads·(n + 1) - 1
   let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
   wait_for_inputs();
   const int b = blockIdx.y;
@@ -332,13 +340,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Staging: thread's key j of a tile, columns 4·(c + kLanesPerKey·i).
   const int j = threadIdx.x / kLanesPerKey, c = threadIdx.x % kLanesPerKey;
   const bool vector = head_dim % 4 == 0;
+  // Rows of keys from `pass` (a multiple of kThreads) on; the caller syncs before use.
+  const auto find = [&](int pass) {
+    if (pass + threadIdx.x < count) {
+      const int64_t r = key_index[first + pass + threadIdx.x];
+      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+    }
+  };
   float4 next[kMaxSteps];  // dp / 64 ≤ 8 float4 per thread
   const auto fetch = [&](int base) {
-    const float* row = nullptr;
-    if (base + j < count) {
-      const int64_t r = key_index[first + base + j];
-      row = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
-    }
+    const float* row = base + j < count ? rows[(base + j) % kThreads] : nullptr;
 #pragma unroll
     for (int i = 0; i < kMaxSteps; ++i) {
       const int d = 4 * (c + kLanesPerKey * i);
@@ -357,7 +368,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       next[i] = v;
     }
   };
-  if (count > 0) fetch(0);
+  static_assert(kThreads % kKeys == 0, "a tile's rows are found in one pass");
+  if (count > 0) {
+    find(0);
+    __syncthreads();
+    fetch(0);
+  }
   for (int base = 0; base < count; base += kKeys) {
     const int n = min(kKeys, count - base);
     __syncthreads();  // the previous tile and partial S are no longer read
@@ -370,7 +386,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint2*>(&klo[j * stride + d]) = make_uint2(a.lo, z.lo);
     }
     __syncthreads();
-    if (base + kKeys < count) fetch(base + kKeys);  // in flight while this tile computes
+    if (base + kKeys < count) {  // in flight while this tile computes
+      if ((base + kKeys) % kThreads == 0) {  // the pass's rows were all fetched (two barriers ago)
+        find(base + kKeys);
+        __syncthreads();
+      }
+      fetch(base + kKeys);
+    }
 
     // This quarter's part of S = Q·Kᵀ for keys 0-7 (s[0]) and 8-15 (s[1]).
     float s[2][4] = {};
