@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sum += lo.x * xk.x + lo.y * xk.y + hi.x * xk.z + hi.y * xk.w;
       }
     }
-    // A warp's 1 KiB lies in one row (in >= 1024): its sum goes to the row at once.
+    // The warp's sum goes to its row at once.
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0 && mine < slice) atomicAdd(acc + row, sum);
     const bool product_ends = q + 1 == start[p + 1];
