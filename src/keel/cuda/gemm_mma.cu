@@ -63,6 +63,12 @@ __device__ __forceinline__ float4 load_x(const float* p) {
   }
 }
 
+// base + index · size bytes, both 32-bit: one wide multiply-add where 64-bit operands
+// would take several (a tile's addresses are computed in its set-up and at every step).
+__device__ __forceinline__ const uint8_t* offset(const void* base, uint32_t index, uint32_t size) {
+  return static_cast<const uint8_t*>(base) + static_cast<uint64_t>(index) * size;
+}
+
 __device__ __forceinline__ uint32_t word(const uint4& c, int i) {
   return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w;
 }
@@ -83,8 +89,8 @@ template <>
 struct Mma<WeightFormat::bf16> {
   static constexpr int kValues = 8;
   static constexpr int kBits = 16;  // per value
-  __device__ static const uint8_t* scales(const DeviceWeight&, int64_t, int) { return nullptr; }
-  __device__ static uint32_t scale_bits(const uint8_t*, int64_t) { return 0; }
+  __device__ static const uint8_t* scales(const DeviceWeight&, int, int) { return nullptr; }
+  __device__ static uint32_t scale_bits(const uint8_t*, int) { return 0; }
   __device__ static Factors factors(uint32_t) { return {}; }
   template <bool>
   __device__ static void a_regs(const uint4& c, int j, const Factors&, uint32_t& low, uint32_t& high) {
@@ -107,13 +113,15 @@ struct Mma<WeightFormat::fp8_block> {
   static constexpr int kValues = 16;
   static constexpr int kBits = 8;
   // The scale blocks of `row` (fp8_block_scale's, split into the row's part and k's).
-  __device__ static const uint8_t* scales(const DeviceWeight& w, int64_t row, int) {
-    return w.scale + (row + w.first_row) / 128 * w.scale_cols * (w.f32_scales ? 4 : 1);
+  __device__ static const uint8_t* scales(const DeviceWeight& w, int row, int) {
+    const auto block_row = static_cast<uint32_t>(row + w.first_row) / 128;
+    return offset(w.scale, block_row, static_cast<uint32_t>(w.scale_cols * (w.f32_scales ? 4 : 1)));
   }
-  __device__ static float block_scale(const DeviceWeight& w, const uint8_t* scales, int64_t k) {
-    return w.f32_scales ? reinterpret_cast<const float*>(scales)[k / 128] : ue8m0(scales[k / 128]);
+  __device__ static float block_scale(const DeviceWeight& w, const uint8_t* scales, int k) {
+    const uint32_t block = static_cast<uint32_t>(k) / 128;
+    return w.f32_scales ? reinterpret_cast<const float*>(scales)[block] : ue8m0(scales[block]);
   }
-  __device__ static uint32_t scale_bits(const uint8_t*, int64_t) { return 0; }
+  __device__ static uint32_t scale_bits(const uint8_t*, int) { return 0; }
   __device__ static Factors factors(uint32_t) { return {}; }
   template <bool>
   __device__ static void a_regs(const uint4& c, int j, const Factors&, uint32_t& low, uint32_t& high) {
@@ -142,26 +150,34 @@ struct Fp4Mma {
   static constexpr int kBits = 4;
   // Lane t's scales of `row` from k = 0, and those of its chunk at k: one MX byte, or
   // two NVFP4 bytes (an aligned pair).
-  __device__ static const uint8_t* scales(const DeviceWeight& w, int64_t row, int t) {
-    return F == WeightFormat::mxfp4 ? w.scale + row * w.in / 32 + t : w.scale + row * w.in / 16 + 2 * t;
+  __device__ static const uint8_t* scales(const DeviceWeight& w, int row, int t) {
+    const auto in = static_cast<uint32_t>(w.in);
+    return F == WeightFormat::mxfp4 ? offset(w.scale, row, in / 32) + t : offset(w.scale, row, in / 16) + 2 * t;
   }
-  __device__ static uint32_t scale_bits(const uint8_t* scales, int64_t k) {
+  __device__ static uint32_t scale_bits(const uint8_t* scales, int k) {
     if constexpr (F == WeightFormat::mxfp4) {
-      return __ldg(scales + k / 32);
+      return __ldg(scales + static_cast<uint32_t>(k) / 32);
     } else {
-      return __ldg(reinterpret_cast<const uint16_t*>(scales + k / 16));
+      return __ldg(reinterpret_cast<const uint16_t*>(scales + static_cast<uint32_t>(k) / 16));
     }
   }
+  // MX: 2^(e-1) as a bf16 pair, e + 126 in each half's exponent (one multiply-add: the
+  // halves do not overlap), or 2^127 where e > 128 (big; `second` then comes from
+  // big_second, step_factors).
   __device__ static Factors factors(uint32_t bits) {
     const auto twice = [](uint32_t b) { return b | b << 16; };
     if constexpr (F == WeightFormat::mxfp4) {
       const uint32_t e = bits;
-      const bool big = e > 128;
-      return {twice((big ? 254u : e + 126) << 7), twice(e == 255 ? 0x7fc0u : (e - 1) << 7), big};
+      return {(min(e, 128u) + 126u) * 0x00800080u, 0, e > 128};
     } else {
       const auto bf16 = [](uint32_t s) { return __float_as_uint(e4m3(s) * 0x1p118f) >> 16; };
       return {twice(bf16(bits & 0xffu)), twice(bf16(bits >> 8)), false};
     }
+  }
+  // MX past e = 128: the second multiply's 2^(e-128) (NaN for e = 255).
+  __device__ static uint32_t big_second(uint32_t e) {
+    const uint32_t b = e == 255 ? 0x7fc0u : (e - 1) << 7;
+    return b | b << 16;
   }
   template <bool kBig>
   __device__ static void a_regs(const uint4& c, int j, const Factors& f, uint32_t& low, uint32_t& high) {
@@ -228,47 +244,52 @@ struct Pairs {
   float* y;
   int64_t in, out;
   int per_row, count;
-  __device__ int64_t pair(int j) const {
+  __device__ int pair(int j) const {
     if constexpr (kGrouped) return __ldg(order + j);
     return first;
   }
-  __device__ const float* x_row(int j) const { return x + pair(j) / per_row * in; }
-  __device__ float* y_row(int j) const { return y + pair(j) * out; }
+  // A 32-bit division (pairs are ints): a 64-bit one is a call of a hundred instructions.
+  __device__ const float* x_row(int j) const { return x + int64_t{pair(j) / per_row} * in; }
+  __device__ float* y_row(int j) const { return y + int64_t{pair(j)} * out; }
   __device__ void put(int j, int64_t o, float v) const { y_row(j)[o] = v; }
 };
 
 // What both tiles share. A lane's weight rows, g and g + 8 of each of a warp's R row
 // tiles (rows past the end read the last row again: never stored): where its 16-byte
-// chunk of each row starts, and its scale bytes.
+// chunk of each row starts, and its scale bytes. Rows, k and a row's bytes are 32-bit
+// (a weight's rows and k are ints; offset takes the products wide).
 template <WeightFormat F, int R>
 struct LaneRows {
   using Fmt = Mma<F>;
   const uint8_t *src[R][2], *scales[R][2];
-  __device__ LaneRows(const DeviceWeight& w, int64_t row0, int g, int t) {
-    const int64_t row_bytes = w.in * Fmt::kBits / 8;
+  __device__ LaneRows(const DeviceWeight& w, int row0, int g, int t) {
+    const auto row_bytes = static_cast<uint32_t>(w.in * Fmt::kBits / 8);
+    const int last = static_cast<int>(w.out) - 1;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t row = min(row0 + 16 * i + g + 8 * h, w.out - 1);
-        src[i][h] = static_cast<const uint8_t*>(w.data) + row * row_bytes + 16 * t;
+        const int row = min(row0 + 16 * i + g + 8 * h, last);
+        src[i][h] = offset(w.data, row, row_bytes) + 16 * t;
         scales[i][h] = Fmt::scales(w, row, t);
       }
     }
   }
+  // Where this lane's chunk of the step at k lies past its row's first.
+  __device__ static uint32_t chunk_at(int k) { return static_cast<uint32_t>(k) / kStep<F> * 64; }
   // The chunks and scale bits of the step at k.
-  __device__ void load(int64_t k, uint4 (&chunk)[R][2], uint32_t (&bits)[R][2]) const {
+  __device__ void load(int k, uint4 (&chunk)[R][2], uint32_t (&bits)[R][2]) const {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        chunk[i][h] = load_weights(src[i][h] + k / kStep<F> * 64);
+        chunk[i][h] = load_weights(src[i][h] + chunk_at(k));
         bits[i][h] = Fmt::scale_bits(scales[i][h], k);
       }
     }
   }
   // The scale bits alone of the step at k (the chunks come through the ring).
-  __device__ void load_bits(int64_t k, uint32_t (&bits)[R][2]) const {
+  __device__ void load_bits(int k, uint32_t (&bits)[R][2]) const {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
 #pragma unroll
@@ -277,9 +298,9 @@ struct LaneRows {
   }
   // The chunks of the step at k into this lane's slots for step s of `ring` (the ring
   // below), as one group of cp.async copies.
-  __device__ void copy(int64_t k, uint4* ring, int s) const;
+  __device__ void copy(int k, uint4* ring, int s) const;
   // FP8: the block scales of the 128-k block at k.
-  __device__ void block_scales(const DeviceWeight& w, int64_t k, float (&scale)[R][2]) const {
+  __device__ void block_scales(const DeviceWeight& w, int k, float (&scale)[R][2]) const {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
 #pragma unroll
@@ -311,16 +332,17 @@ __device__ __forceinline__ uint4* ring_slot(uint4* ring, int s, int i, int h) {
 }
 
 template <WeightFormat F, int R>
-__device__ __forceinline__ void LaneRows<F, R>::copy(int64_t k, uint4* ring, int s) const {
+__device__ __forceinline__ void LaneRows<F, R>::copy(int k, uint4* ring, int s) const {
 #pragma unroll
   for (int i = 0; i < R; ++i) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) cp_async16_l2_256(ring_slot<R>(ring, s, i, h), src[i][h] + k / kStep<F> * 64);
+    for (int h = 0; h < 2; ++h) cp_async16_l2_256(ring_slot<R>(ring, s, i, h), src[i][h] + chunk_at(k));
   }
   cp_async_commit();
 }
 
-// The multipliers of a step's chunks; true if any lane of the warp needs MXFP4's second one.
+// The multipliers of a step's chunks; true if any lane of the warp needs MXFP4's second
+// one, which is formed only then.
 template <WeightFormat F, int R>
 __device__ __forceinline__ bool step_factors(const uint32_t (&bits)[R][2], Factors (&f)[R][2]) {
   bool big = false;
@@ -332,7 +354,16 @@ __device__ __forceinline__ bool step_factors(const uint32_t (&bits)[R][2], Facto
       big |= f[i][h].big;
     }
   }
-  return F == WeightFormat::mxfp4 && __any_sync(0xffffffffu, big);
+  if constexpr (F == WeightFormat::mxfp4) {
+    if (!__any_sync(0xffffffffu, big)) return false;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f[i][h].second = Mma<F>::big_second(bits[i][h]);
+    }
+    return true;
+  }
+  return false;
 }
 
 // Where a step's x comes from: f32 in global memory, f32 in shared memory (a block's
@@ -479,23 +510,28 @@ int64_t split_x_bytes(int64_t in, int64_t count) {
   return bytes <= split_x_cap() ? bytes : 0;
 }
 
-// The block's threads split the columns' rows of x into `to`, a lane chunk each at a time.
+// The block's threads split the columns' rows of x into `to`, two MMAs of a lane chunk
+// each at a time (FP4's pair of MMAs shares its loads): a one-token FP4 row of 2,048 to
+// 4,096 values is 64 to 128 whole chunks, and a chunk a thread left most of the block
+// waiting at the barrier after the split.
 template <WeightFormat F, typename Columns>
-__device__ __forceinline__ void split_x(const Columns& cols, int64_t in, float* to) {
+__device__ __forceinline__ void split_x(const Columns& cols, int in, float* to) {
   using Fmt = Mma<F>;
-  constexpr int V = Fmt::kValues;
-  const int chunks = static_cast<int>(in / V), words = static_cast<int>(split_x_words<F>(in, cols.count));
-  for (int e = threadIdx.x; e < cols.count * chunks; e += kThreads) {
-    const int j = e / chunks, chunk = e % chunks;
+  constexpr int V = Fmt::kValues, kItems = V / 8;  // items a chunk (a power of two)
+  const int chunks = in / V, words = static_cast<int>(split_x_words<F>(in, cols.count));
+  const int per_row = chunks * kItems;
+  for (int e = threadIdx.x; e < cols.count * per_row; e += kThreads) {
+    const int j = cols.count == 1 ? 0 : e / per_row, item = e - j * per_row;
+    const int chunk = item / kItems, m = 2 * (item % kItems);
     const float* from = cols.x_row(j) + chunk * V;
     uint4* into = reinterpret_cast<uint4*>(to + j * words + chunk * (V + 4));
     float4 q[2];
 #pragma unroll
-    for (int m = 0; m < V / 4; ++m) {
+    for (int n = 0; n < 2; ++n) {
       float v[4];
-      Fmt::template x_slots<false>(from, m, q, v);
+      Fmt::template x_slots<false>(from, m + n, q, v);
       const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
-      into[m] = make_uint4(b0.hi, b1.hi, b0.lo, b1.lo);
+      into[m + n] = make_uint4(b0.hi, b1.hi, b0.lo, b1.lo);
     }
   }
 }
@@ -529,12 +565,17 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   // one-token product's short chain of steps were a tenth of its time.
   const int split_log = __ffs(split) - 1;
   const int share = warp & (split - 1);
-  const int64_t block_rows = int64_t{kWarps >> split_log} * (16 * R), warp_row = (warp >> split_log) * (16 * R);
-  const auto row0_of = [&](int n) { return (block + n * stride) * block_rows + warp_row; };  // row block n's
+  // Rows and k in ints (a weight's rows and k are), so that the set-up and each step's
+  // addresses take 32-bit arithmetic (LaneRows).
+  const int block_rows = (kWarps >> split_log) * (16 * R), warp_row = (warp >> split_log) * (16 * R);
+  const int first_row = static_cast<int>(block * block_rows) + warp_row;
+  const int row_stride = static_cast<int>(stride * block_rows);
+  const auto row0_of = [&](int n) { return first_row + n * row_stride; };  // row block n's
   const int groups = min(C, (cols.count + 7) / 8);
-  const int64_t units = (w.in + kUnit - 1) / kUnit;
-  const int64_t k_begin = (share * units >> split_log) * kUnit;
-  const int64_t k_end = min(w.in, ((share + 1) * units >> split_log) * kUnit);
+  const int in = static_cast<int>(w.in);
+  const int units = (in + kUnit - 1) / kUnit;
+  const int k_begin = (share * units >> split_log) * kUnit;
+  const int k_end = min(in, ((share + 1) * units >> split_log) * kUnit);
 
   // This lane's rows (g and g+8 of each tile) and where its token of each column group
   // starts (its chunk of the step at k = 0).
@@ -548,7 +589,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     const int j = min(8 * c + g, cols.count - 1);
-    xt[c] = kSplitX ? split_x_rows + j * split_x_words<F>(w.in, cols.count) + (V + 4) * t  // padded chunks
+    xt[c] = kSplitX ? split_x_rows + j * split_x_words<F>(in, cols.count) + (V + 4) * t  // padded chunks
                     : cols.x_row(j) + V * t;
   }
 
@@ -560,13 +601,13 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   // bits of the next step load while this one computes: a step is short. More groups
   // make it long enough (and need the registers). The ring counts steps across row
   // blocks: `copying` is the rows of the next step it copies (row block copy_n, step copy_step).
-  const int steps = static_cast<int>((k_end - k_begin) / K);  // shares are whole 128-k units, K divides 128
+  const int steps = (k_end - k_begin) / K;  // shares are whole 128-k units, K divides 128
   const int all_steps = tiles * steps;
   LaneRows<F, R> copying = rows;
   int copy_n = 0, copy_step = 0;
   const auto copy_next = [&](int q) {  // the ring's step q
     if (q >= all_steps) return cp_async_commit();  // an empty group: one group a step keeps wait_group's count
-    copying.copy(k_begin + int64_t{copy_step} * K, ring, q);
+    copying.copy(k_begin + copy_step * K, ring, q);
     if (++copy_step == steps) {
       copy_step = 0;
       if (++copy_n < tiles) copying = LaneRows<F, R>(w, row0_of(copy_n), g, t);
@@ -582,14 +623,14 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   wait_for_inputs();
   let_next_start();
   if constexpr (kSplitX) {  // while the first chunks load
-    split_x<F>(cols, w.in, split_x_rows);
+    split_x<F>(cols, in, split_x_rows);
     __syncthreads();
   }
   float scale[R][2];  // FP8: the block scales of this lane's rows in the current 128-k block
   int q = 0;          // the ring's step
   for (int n = 0; n < tiles; ++n) {
     for (int step = 0; step < steps; ++step, ++q) {
-      const int64_t k = k_begin + int64_t{step} * K;
+      const int k = k_begin + step * K;
       uint32_t next_bits[R][2];
       if constexpr (kRingOf) {
         // Step q + kRing - 1 into the slots step q - 1 read (their values are used: its MMAs ran).
@@ -613,11 +654,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
       Factors f[R][2];
       const bool big = step_factors<F, R>(bits, f);
       if constexpr (kFp8) {
-        if (k % kUnit == 0) rows.block_scales(w, k, scale);
+        if ((k & (kUnit - 1)) == 0) rows.block_scales(w, k, scale);
       }
       const float* x[C];
 #pragma unroll
-      for (int c = 0; c < C; ++c) x[c] = xt[c] + (kSplitX ? k + 4 * (k / V) : k);
+      for (int c = 0; c < C; ++c) x[c] = xt[c] + (kSplitX ? k + 4 * static_cast<int>(static_cast<unsigned>(k) / V) : k);
       constexpr XFrom kX = kSplitX ? XFrom::split : XFrom::global;
       if (big) {
         mma_step<F, R, C, kX, true>(raw, f, x, groups, sum);
@@ -625,7 +666,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
         mma_step<F, R, C, kX, false>(raw, f, x, groups, sum);
       }
       if constexpr (kFp8) {
-        if ((k + K) % kUnit == 0 || k + K >= k_end) fold_block(sum, scale, acc);
+        if (((k + K) & (kUnit - 1)) == 0 || k + K >= k_end) fold_block(sum, scale, acc);
       }
       if constexpr (kRingOf) {
 #pragma unroll
@@ -638,7 +679,7 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 
     // The shares' sums, added in share order.
     float(&total)[R][C][4] = kFp8 ? acc : sum;
-    const int64_t row0 = row0_of(n);
+    const int row0 = row0_of(n);
     add_shares(total, tile_shares<R, C>(), warp, lane, share, split,
                [&](int row, int j, float v) { store<F>(w, cols, row0 + row, j, v); });
     if (n + 1 < tiles) {  // the next row block: its sums from zero, the shares free again
@@ -694,7 +735,7 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
     cp_async_commit();
   };
 
-  const LaneRows<F, R> rows(w, row0, g, t);
+  const LaneRows<F, R> rows(w, static_cast<int>(row0), g, t);
   float sum[R][C][4] = {};    // the MMAs' accumulators (FP8: of the current 128-k block)
   float acc[R][C][4] = {};    // FP8: the share's blocks, each times its scale
   float total[R][C][4] = {};  // the shares so far, added in share order
@@ -711,11 +752,11 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
     __syncthreads();  // unit u's x is staged
     const int64_t k0 = u * kUnit, k1 = min(w.in, k0 + kUnit);
     float scale[R][2];
-    if constexpr (kFp8) rows.block_scales(w, k0, scale);
+    if constexpr (kFp8) rows.block_scales(w, static_cast<int>(k0), scale);
     for (int64_t k = k0; k < k1; k += K) {
       uint4 raw[R][2];
       uint32_t bits[R][2];
-      rows.load(k, raw, bits);
+      rows.load(static_cast<int>(k), raw, bits);
       Factors f[R][2];
       const bool big = step_factors<F, R>(bits, f);
       // This lane's V values of the step: lane t's chunk, 4 floats of padding per chunk before it.
