@@ -59,27 +59,6 @@ __device__ void slice_dots(const float* __restrict__ fn, const float* __restrict
   if (lane == 0) dots[(t * (rows + 1) + m) * slices + c] = sum;
 }
 
-// Asks L2 (Global) or this multiprocessor's L1 for the 128-byte line holding p, without
-// waiting for it.
-template <bool kL1>
-__device__ __forceinline__ void prefetch_line(const float* p) {
-  if constexpr (kL1) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-  } else {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  }
-}
-constexpr int kLineFloats = 32;
-
-// The lines of [p, p + n) asked for by the block's threads (a hint: where p is not
-// 128-byte aligned the last line may be left out).
-template <bool kL1>
-__device__ __forceinline__ void prefetch_lines(const float* p, int64_t n) {
-  for (int64_t i = int64_t{threadIdx.x} * kLineFloats; i < n; i += int64_t{blockDim.x} * kLineFloats) {
-    prefetch_line<kL1>(p + i);
-  }
-}
-
 // hc_head's dot products, kWarpsPerBlock rows per block.
 template <int Width>
 __global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
@@ -274,14 +253,6 @@ __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch
   const int rows = (2 + hc) * hc;
   const int64_t t = blockIdx.z, width = hc * a.dim;
   let_next_start();
-  // The warp's slice of its fn row is asked of L2 before the wait (weights are never
-  // written), a line a lane (kMixSlice floats are 32 lines), so that its loads after
-  // the wait do not go to memory.
-  static_assert(kMixSlice == kWarp * kLineFloats);
-  if (const int m = blockIdx.x * kSiteWarps + threadIdx.x / kWarp; m < rows) {
-    const int64_t at = blockIdx.y * kMixSlice + (threadIdx.x % kWarp) * kLineFloats;
-    if (at < width) prefetch_line<false>(a.site.fn + m * width + at);
-  }
   wait_for_inputs();
   slice_dots<Width>(a.site.fn, a.streams, rows, width, kSiteWarps, a.dots);
   __shared__ bool last;
@@ -295,13 +266,6 @@ __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch
   __shared__ float pre[kMaxHyperStreams];
   __shared__ float partial[kCollapseWarps];
   if (threadIdx.x == 0) a.arrivals[t] = 0;  // ready for the next launch
-  // What the finish reads besides the dots, asked of this multiprocessor's L1 while the
-  // slices are summed (the streams were written before this launch's wait, so L1 holds
-  // none of them stale): the token's streams and the norm's weights for the collapse,
-  // the site's logit bases and scales.
-  prefetch_lines<true>(a.streams + t * width, width);
-  prefetch_lines<true>(a.site.norm, a.dim);
-  if (threadIdx.x == 0) prefetch_line<true>(a.site.base), prefetch_line<true>(a.site.scale);
   sum_slices(a.dots, t, rows, width, d);
   const float r = rms_factor(d[rows], width, a.norm_eps);
   if (const int j = threadIdx.x; j < hc) {
