@@ -69,6 +69,9 @@ __device__ __forceinline__ const uint8_t* offset(const void* base, uint32_t inde
   return static_cast<const uint8_t*>(base) + static_cast<uint64_t>(index) * size;
 }
 
+// A 16-bit value in both halves of a word (a bf16 pair of one value).
+__device__ __forceinline__ uint32_t twice(uint32_t b) { return b | b << 16; }
+
 __device__ __forceinline__ uint32_t word(const uint4& c, int i) {
   return i == 0 ? c.x : i == 1 ? c.y : i == 2 ? c.z : c.w;
 }
@@ -165,7 +168,6 @@ struct Fp4Mma {
   // halves do not overlap), or 2^127 where e > 128 (big; `second` then comes from
   // big_second, step_factors).
   __device__ static Factors factors(uint32_t bits) {
-    const auto twice = [](uint32_t b) { return b | b << 16; };
     if constexpr (F == WeightFormat::mxfp4) {
       const uint32_t e = bits;
       return {(min(e, 128u) + 126u) * 0x00800080u, 0, e > 128};
@@ -175,10 +177,7 @@ struct Fp4Mma {
     }
   }
   // MX past e = 128: the second multiply's 2^(e-128) (NaN for e = 255).
-  __device__ static uint32_t big_second(uint32_t e) {
-    const uint32_t b = e == 255 ? 0x7fc0u : (e - 1) << 7;
-    return b | b << 16;
-  }
+  __device__ static uint32_t big_second(uint32_t e) { return twice(e == 255 ? 0x7fc0u : (e - 1) << 7); }
   template <bool kBig>
   __device__ static void a_regs(const uint4& c, int j, const Factors& f, uint32_t& low, uint32_t& high) {
     const uint32_t w = word(c, j / 2);
