@@ -208,6 +208,9 @@ struct Mma<WeightFormat::nvfp4> : Fp4Mma<WeightFormat::nvfp4> {};
 template <WeightFormat F>
 constexpr int kStep = 4 * Mma<F>::kValues;
 
+template <WeightFormat F>
+constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
+
 // The tokens of one tile, MMA columns 0 .. count-1 (count ≥ 1, at most 8·C): where
 // column j's row of x starts and where its finished values go (put). linear_mma's are
 // consecutive rows, a group of pairs' the rows its pairs name; linear_mma_expand's
@@ -596,8 +599,9 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   float acc[R][C][4] = {};  // FP8: the blocks' sums, each times its scale
 
   // With one column group the weight chunks come through the ring, kRing - 1 steps ahead
-  // (the first before the wait: weights are never written by a kernel), and the scale
-  // bits of the next step load while this one computes: a step is short. More groups
+  // (the first before the wait: weights are never written by a kernel), and FP4's scale
+  // bits load two steps ahead, so that a row block's first bits, which come from memory,
+  // are in before its first step: a step is short. More groups
   // make it long enough (and need the registers). The ring counts steps across row
   // blocks: `copying` is the rows of the next step it copies (row block copy_n, step copy_step).
   const int steps = (k_end - k_begin) / K;  // shares are whole 128-k units, K divides 128
@@ -613,11 +617,25 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
     }
   };
   uint4 raw[R][2];
-  uint32_t bits[R][2];
+  // The scale bits of this step and of the next (one-column tiles, FP4; the other
+  // formats have none).
+  uint32_t bits[R][2] = {}, next[R][2] = {};
+  // The bits of the step `past` steps after (n, step) into to, from that step's row block.
+  const auto bits_past = [&](int n, int step, int past, uint32_t(&to)[R][2]) {
+    int n2 = n, step2 = step + past;
+    while (step2 >= steps) step2 -= steps, ++n2;
+    if (n2 >= tiles) return;  // past the last step: never used
+    const int k = k_begin + step2 * K;
+    if (n2 == n) return rows.load_bits(k, to);
+    LaneRows<F, R>(w, row0_of(n2), g, t).load_bits(k, to);
+  };
   if constexpr (kRingOf) {
 #pragma unroll
     for (int s = 0; s < kRing - 1; ++s) copy_next(s);
-    if (steps > 0) rows.load_bits(k_begin, bits);
+    if (steps > 0) {
+      rows.load_bits(k_begin, bits);
+      bits_past(0, 0, 1, next);
+    }
   }
   wait_for_inputs();
   let_next_start();
@@ -630,17 +648,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   for (int n = 0; n < tiles; ++n) {
     for (int step = 0; step < steps; ++step, ++q) {
       const int k = k_begin + step * K;
-      uint32_t next_bits[R][2];
+      uint32_t after_next[R][2] = {};
       if constexpr (kRingOf) {
         // Step q + kRing - 1 into the slots step q - 1 read (their values are used: its MMAs ran).
         copy_next(q + kRing - 1);
-        if (step + 1 < steps) {
-          rows.load_bits(k + K, next_bits);
-        } else if (n + 1 < tiles) {  // the next row block's first step
-          LaneRows<F, R>(w, row0_of(n + 1), g, t).load_bits(k_begin, next_bits);
-        } else {
-          rows.load_bits(k, next_bits);  // the last step loads its own again
-        }
+        if constexpr (kFp4<F>) bits_past(n, step, 2, after_next);
         cp_async_wait<kRing - 1>();  // this step's group is in
 #pragma unroll
         for (int i = 0; i < R; ++i) {
@@ -667,11 +679,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
       if constexpr (kFp8) {
         if (((k + K) & (kUnit - 1)) == 0 || k + K >= k_end) fold_block(sum, scale, acc);
       }
-      if constexpr (kRingOf) {
+      if constexpr (kRingOf && kFp4<F>) {
 #pragma unroll
         for (int i = 0; i < R; ++i) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) bits[i][h] = next_bits[i][h];
+          for (int h = 0; h < 2; ++h) bits[i][h] = next[i][h], next[i][h] = after_next[i][h];
         }
       }
     }
@@ -880,8 +892,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 // twice and each converted x twice; FP4 (32-value chunks, twice the registers) takes 1
 // row tile by 4 groups instead, what fits in 128 registers without spilling.
 constexpr int kFewTokens = 8;
-template <WeightFormat F>
-constexpr bool kFp4 = F == WeightFormat::mxfp4 || F == WeightFormat::nvfp4;
 
 // Whether a staged launch of `blocks` blocks (8 row tiles each) still fills the GPU
 // several times over; otherwise the split warps' tile, 8/split times the blocks, runs
