@@ -15,7 +15,9 @@ For each profiled launch the script prints its samples by stall reason and its
 instructions grouped by how often each ran: the instructions a warp runs once (set-up
 and epilogue) against those of its loops, and the samples each group holds. With
 --kernel N (the launch's index in that list) it also prints that launch's hottest
-instructions with their two main stall reasons. Needs Python 3 alone.
+instructions with their two main stall reasons, and with --mix the opcodes of each
+group of its instructions that ran equally often (a loop body's make-up: e.g. 81 LOP3,
+64 HMUL2, 32 HMMA in a 2 KiB MXFP4 step). Needs Python 3 alone.
 """
 
 import argparse
@@ -107,11 +109,35 @@ def hottest(launch, top):
         print(f"    {samples * 100 / max(total, 1):5.1f}% {number(row[col[EXECUTED]]):>9,}  {why:28} {row[1].strip()[:80]}")
 
 
+def opcode(sass):
+    """An instruction's opcode without its predicate and modifiers: '@!P0 LDS.U.128 ...' -> 'LDS'."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def mix(launch):
+    header = launch["header"]
+    col = {name: i for i, name in enumerate(header)}
+    groups = collections.defaultdict(collections.Counter)  # times run -> opcode -> instructions
+    for row in launch["rows"]:
+        runs = number(row[col[EXECUTED]])
+        if runs:
+            groups[runs][opcode(row[1].strip())] += 1
+    print("    opcodes of the instructions run equally often (groups of 8 or more):")
+    for runs, ops in sorted(groups.items()):
+        if sum(ops.values()) >= 8:
+            listed = ", ".join(f"{count} {op}" for op, count in ops.most_common(10))
+            print(f"    run {runs:>9,} times: {sum(ops.values()):4} = {listed}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     parser.add_argument("--kernel", type=int, help="also list this launch's hottest instructions")
     parser.add_argument("--top", type=int, default=25, help="how many hottest instructions (default 25)")
+    parser.add_argument("--mix", action="store_true", help="with --kernel: the opcodes of each group of equal runs")
     args = parser.parse_args()
     launches = read_launches(args.csv)
     if not launches:
@@ -120,6 +146,8 @@ def main():
         summarize(index, launch)
         if index == args.kernel:
             hottest(launch, args.top)
+            if args.mix:
+                mix(launch)
 
 
 if __name__ == "__main__":
