@@ -25,14 +25,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                             \
-  do {                                                                    \
-    cudaError_t e = (x);                                                  \
-    if (e != cudaSuccess) {                                               \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                 \
-      std::exit(1);                                                       \
-    }                                                                     \
-  } while (0)
+#include "check.cuh"
 
 constexpr int kThreads = 512;
 constexpr int kChunk = kThreads * 32;  // bytes a chunk: 32 per thread (two 16-byte copies)

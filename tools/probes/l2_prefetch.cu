@@ -17,14 +17,7 @@
 #include <cstdlib>
 #include <utility>
 
-#define CK(x)                                                     \
-  do {                                                            \
-    cudaError_t e = (x);                                          \
-    if (e != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));         \
-      std::exit(1);                                               \
-    }                                                             \
-  } while (0)
+#include "check.cuh"
 
 constexpr int64_t kPiece = 64 << 10;  // bytes a prefetch instruction asks for
 

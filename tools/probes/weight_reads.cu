@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "check.cuh"
 
 __device__ __forceinline__ uint4 ldw(const uint8_t* p) {
   uint4 r;

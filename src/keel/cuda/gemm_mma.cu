@@ -600,10 +600,11 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
 
   // With one column group the weight chunks come through the ring, kRing - 1 steps ahead
   // (the first before the wait: weights are never written by a kernel), and FP4's scale
-  // bits load two steps ahead, so that a row block's first bits, which come from memory,
-  // are in before its first step: a step is short. More groups
-  // make it long enough (and need the registers). The ring counts steps across row
-  // blocks: `copying` is the rows of the next step it copies (row block copy_n, step copy_step).
+  // bits are asked for two steps ahead: a step is short. (The copy that moves them along
+  // at the end of a step waits for that step's load, so they have one step to land, not
+  // two: docs/perf.md, 2026-12-04.) More groups make a step long enough (and need the
+  // registers). The ring counts steps across row blocks: `copying` is the rows of the
+  // next step it copies (row block copy_n, step copy_step).
   const int steps = (k_end - k_begin) / K;  // shares are whole 128-k units, K divides 128
   const int all_steps = tiles * steps;
   LaneRows<F, R> copying = rows;
