@@ -7,7 +7,8 @@
 #
 # NAME is "main" (HEAD as it is) or patch letters joined by "+": "S" is HEAD with
 # docs/pending/S-*.patch, "S+B+R" with those three applied in turn. Without names: main
-# and each patch alone. --tests adds keel_gpu_tests and keel_gpu_bench to each build
+# and each patch alone, or after the one its message names in a "Depends-on: L" line
+# ("M+N"). --tests adds keel_gpu_tests and keel_gpu_bench to each build
 # (about 3 and 2 MB more each, compressed, where keel is about 3). --out defaults to
 # build-carry, --archs to 90a (KEEL_CUDA_ARCHS).
 #
@@ -40,7 +41,8 @@ if ((${#names[@]} == 0)); then
   names=(main)
   for patch in "$root"/docs/pending/?-*.patch; do
     name=$(basename "$patch")
-    names+=("${name%%-*}")
+    depends=$(sed -n 's/^Depends-on: \([A-Z]\)$/\1+/p' "$patch")
+    names+=("$depends${name%%-*}")
   done
 fi
 
