@@ -53,7 +53,7 @@ PTX_OPS = (("mma", "mma.sync"), ("cvt.bf16x2", "cvt.rn.bf16x2.f32"), ("bar", "ba
 
 
 def ptx_counts(directory):
-    """{kernel (short): (instructions, *PTX_OPS counts)} over the .ptx files nvcc kept in directory."""
+    """{(arch, mangled name): (instructions, *PTX_OPS counts)} over the .ptx files nvcc kept in directory."""
     counts = {}
     for path in glob.glob(os.path.join(directory, "*.ptx")):
         with open(path) as f:
@@ -63,8 +63,7 @@ def ptx_counts(directory):
             ops = [line.split()[0] if not line.startswith("@") else line.split()[1]
                    for line in (raw.strip() for raw in m.group(2).splitlines())
                    if line and line[0] not in ".$/{})" and not line.endswith(":")]
-            counts[short((arch, m.group(1)))] = (len(ops), *(sum(op.startswith(prefix) for op in ops)
-                                                             for _, prefix in PTX_OPS))
+            counts[(arch, m.group(1))] = (len(ops), *(sum(op.startswith(prefix) for op in ops) for _, prefix in PTX_OPS))
     return counts
 
 
@@ -98,7 +97,7 @@ def resource_usage(command, directory, root, tree, ptx=False):
         elif m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line):
             spills = (int(m.group(1)), int(m.group(2)))
         elif (m := re.search(r"Used (\d+) registers", line)) and name:
-            usage[short(name)] = (int(m.group(1)), *spills, *counts.get(short(name), ()))
+            usage[short(name)] = (int(m.group(1)), *spills, *counts.get(name, ()))
             name = None
     return usage
 

@@ -65,10 +65,9 @@ if [[ ! -e $tree/.git ]]; then
   mkdir -p "$work"
   git -C "$root" worktree add -q --detach "$tree" "$head"
 fi
-if [[ ! -f $work/build/build.ninja ]]; then
-  cmake -S "$tree" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DKEEL_CUDA_ARCHS=$archs" \
-    > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
-fi
+# Configured every run (seconds once it exists), so that --archs always takes effect.
+cmake -S "$tree" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DKEEL_CUDA_ARCHS=$archs" \
+  > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 
 for name in "${names[@]}"; do
   git -C "$tree" checkout -q --force --detach "$head"
