@@ -138,7 +138,9 @@ def main():
     for r in range(o.rounds):
         for name, binary in zip(names, o.builds):
             runs[name].append(list(figures(bench(binary, args))))
-            print(f"round {r + 1}: {name} done", file=sys.stderr)
+            # Each run's figures as it ends, so that a run cut short still leaves them.
+            done = ", ".join(f"{figure} {value:.3f}" for figure, value, _ in runs[name][-1])
+            print(f"round {r + 1}: {name} done: {done}", file=sys.stderr, flush=True)
 
     for name, binary in zip(names, o.builds):
         print(f"{name}: {binary}")
