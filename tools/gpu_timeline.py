@@ -11,10 +11,17 @@ steps alike (same operation count: a decode run), its largest gaps with the oper
 either side, and its time by kernel name.
 
     python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50] [--ops] [--step N]
+    python3 tools/gpu_timeline.py trace.csv --against other.csv [--min-ops 50]
 
 With --step N, step N (as numbered in the first table) stands for the median step: a
 batched decode run after a single one, say. With --ops, that step's operations follow in start order: start, end and length
 (us from the step's first operation), stream and name, to read a layer's chain.
+
+With --against, two builds' traces of the same run (a patch's A/B): for each, the decode
+run's median span, then each operation's time a step (median over the run's steps) in
+both, by how much it moved. An operation's time is its end after the operation before
+it on its stream ended (or after its own start, if later): what it adds to that stream,
+not counting a kernel's early launch waiting for the one before (PDL).
 """
 import argparse
 import collections
@@ -74,6 +81,55 @@ def analyse(step, api):
     return end - start, busy, late, other, gaps
 
 
+def decode_run(steps):
+    """The indices of the longest run of consecutive steps with the same operation count."""
+    best, run_start = (0, 0), 0
+    for i in range(1, len(steps) + 1):
+        if i == len(steps) or len(steps[i]) != len(steps[run_start]):
+            if i - run_start > best[1] - best[0]:
+                best = (run_start, i)
+            run_start = i
+    return range(*best)
+
+
+def own_times(step):
+    """{label: (ns, count)} of a step, each operation's end after its stream's previous one."""
+    last_end, times = {}, collections.defaultdict(lambda: [0, 0])
+    for rec in step:
+        since = max(rec[0], last_end.get(rec[5], rec[0]))
+        last_end[rec[5]] = max(last_end.get(rec[5], 0), rec[1])
+        times[label(rec)][0] += max(0, rec[1] - since)
+        times[label(rec)][1] += 1
+    return times
+
+
+def run_profile(path, min_ops):
+    """(median span, {label: (median ns a step, count a step)}) of a trace's decode run."""
+    gpu, _ = read(path)
+    steps = [s for s in steps_of(gpu) if len(s) >= min_ops]
+    if not steps:
+        sys.exit(f"{path}: no step with enough GPU operations")
+    run = [steps[i] for i in decode_run(steps)]
+    per_step = [own_times(s) for s in run]
+    labels = set().union(*per_step)
+    profile = {n: (statistics.median(t[n][0] if n in t else 0 for t in per_step),
+                   statistics.median(t[n][1] if n in t else 0 for t in per_step)) for n in labels}
+    span = statistics.median(max(r[1] for r in s) - s[0][0] for s in run)
+    return span, len(run), profile
+
+
+def compare(a_path, b_path, min_ops):
+    (span_a, n_a, a), (span_b, n_b, b) = run_profile(a_path, min_ops), run_profile(b_path, min_ops)
+    print(f"median step span: A {span_a / 1e3:.1f} us ({n_a} steps), B {span_b / 1e3:.1f} us ({n_b} steps), "
+          f"B - A {(span_b - span_a) / 1e3:+.1f} us ({100 * (span_b - span_a) / span_a:+.2f}%)")
+    print("\nus a step (median over the run), count a step: A, B, B - A; largest moves first")
+    rows = [(n, *a.get(n, (0, 0)), *b.get(n, (0, 0))) for n in set(a) | set(b)]
+    for name, ta, ca, tb, cb in sorted(rows, key=lambda r: -abs(r[3] - r[1])):
+        print(f"  {ta / 1e3:8.1f} {ca:4g}  {tb / 1e3:8.1f} {cb:4g}  {(tb - ta) / 1e3:+7.1f}  {name}")
+    total_a, total_b = sum(t for t, _ in a.values()), sum(t for t, _ in b.values())
+    print(f"  {total_a / 1e3:8.1f}       {total_b / 1e3:8.1f}       {(total_b - total_a) / 1e3:+7.1f}  (all)")
+
+
 def label(rec):
     if rec is None:
         return "-"
@@ -90,7 +146,10 @@ def main():
     ap.add_argument("--min-ops", type=int, default=50, help="steps with fewer GPU operations are left out")
     ap.add_argument("--ops", action="store_true", help="list the median step's operations in start order")
     ap.add_argument("--step", type=int, help="the step to detail instead of the median one")
+    ap.add_argument("--against", metavar="OTHER", help="compare with another build's trace of the same run")
     args = ap.parse_args()
+    if args.against:
+        return compare(args.trace, args.against, args.min_ops)
     gpu, api = read(args.trace)
     steps = [s for s in steps_of(gpu) if len(s) >= args.min_ops]
     if not steps:
@@ -101,13 +160,8 @@ def main():
         print(f"{i:4d} {len(s):5d} {span / 1e3:9.1f} {busy / 1e3:9.1f} {late / 1e3:20.1f} {other / 1e3:10.1f}")
 
     # The longest run of consecutive steps with the same operation count: a decode run.
-    best, run_start = (0, 0), 0
-    for i in range(1, len(steps) + 1):
-        if i == len(steps) or len(steps[i]) != len(steps[run_start]):
-            if i - run_start > best[1] - best[0]:
-                best = (run_start, i)
-            run_start = i
-    chosen = list(range(*best))
+    run = decode_run(steps)
+    best, chosen = (run.start, run.stop), list(run)
     spans = [results[i][0] for i in chosen]
     median = chosen[spans.index(statistics.median_low(spans))]
     if args.step is not None:
