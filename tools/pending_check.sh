@@ -48,6 +48,13 @@ for name in "${names[@]}"; do
   xz -dc "$packed" >"$bins/$name/keel_gpu_tests" && chmod +x "$bins/$name/keel_gpu_tests" || exit 2
 done
 
+# The builds link NCCL: where the loader does not find libnccl.so.2, the copy that a
+# Python environment's nvidia-nccl package holds (torch's) serves, if there is one.
+if ldd "$bins/$all/keel_gpu_tests" | grep -q 'libnccl.so.2 => not found'; then
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [[ -n $nccl ]] && export LD_LIBRARY_PATH=$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
 check_args=(--build-dir "$bins/$all" --out "$out/$all" --hang "$hang")
 if [[ $only == none ]]; then check_args+=(--no-sanitizers); else check_args+=(--only "$only"); fi
 "$root/scripts/gpu-check" "${check_args[@]}"
