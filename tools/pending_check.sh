@@ -11,7 +11,7 @@
 # patches, e.g. main S U U+D B R M M+N), so that the patch that breaks it is named: one
 # line a test in OUT/culprits.txt ("ok", "FAIL", "HUNG", or "absent" where that build
 # lacks the test). --carry (default build-carry) holds NAME/keel_gpu_tests.xz; --out
-# defaults to $OUT where set (a device call's results), else pending-check.
+# defaults to $OUT where set (a device call's results), else build-pending/check.
 set -uo pipefail
 
 usage() {
@@ -21,7 +21,7 @@ usage() {
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 carry=$root/build-carry
-out=${OUT:-$root/pending-check}
+out=${OUT:-$root/build-pending/check}
 hang=60
 only='*Settled*:*FewBlock*:CudaMhc.*:CudaMoeRouting.*:All/CudaMma.*:CudaMmaCases.*'
 names=()
@@ -39,8 +39,9 @@ done
 all=${names[0]}
 mkdir -p "$out" || exit 2
 
-# Each build's tests, unpacked beside the results (gpu-check takes a build directory).
-bins=$out/bins
+# Each build's tests, unpacked (gpu-check takes a build directory) apart from the results.
+bins=$(mktemp -d)
+trap 'rm -rf "$bins"' EXIT
 for name in "${names[@]}"; do
   packed=$carry/$name/keel_gpu_tests.xz
   [[ -f $packed ]] || { echo "pending_check: no $packed" >&2; exit 2; }
