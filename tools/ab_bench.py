@@ -20,6 +20,12 @@ each later build's must equal A's byte for byte: a change meant to keep the bits
 checked in the same run. A difference is printed (where the first one lies) and makes
 the exit status 1 once the figures are printed.
 
+With --trace LIB (tools/gpu_trace.cpp's libgpu_trace.so, built on the GPU machine), each
+build then runs the bench once more under that CUPTI tracer, its trace written to
+--trace-dir (default traces) as NAME.csv, and each later build's decode step is set
+against A's by operation (tools/gpu_timeline.py --against): whether the kernel a change
+aims at moved, where the end-to-end figures' spread is wider than the change.
+
 A run that fails stops the script, with its error output. Needs Python 3 alone.
 """
 
@@ -31,6 +37,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+import gpu_timeline
 
 
 def figures(report):
@@ -62,6 +70,24 @@ def bench(binary, args):
     """One `keel bench` run: its report."""
     # The report is the last line (progress and the kernel plan go to stderr or before it).
     return json.loads(keel(binary, "bench", [*args, "--json"]).strip().splitlines()[-1])
+
+
+def traced(names, builds, args, library, folder):
+    """Each build's bench once under the CUPTI tracer; each later build's operations against A's."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for name, binary in zip(names, builds):
+        paths.append(os.path.join(folder, f"{name}.csv"))
+        os.environ.update(CUDA_INJECTION64_PATH=os.path.abspath(library), KEEL_GPU_TRACE=paths[-1])
+        try:
+            bench(binary, args)
+        finally:
+            del os.environ["CUDA_INJECTION64_PATH"], os.environ["KEEL_GPU_TRACE"]
+        if not os.path.exists(paths[-1]):
+            sys.exit(f"{binary} left no trace at {paths[-1]}: is {library} the tracer?")
+    for name, path in zip(names[1:], paths[1:]):
+        print(f"\ntraced decode step, {name} against A ({paths[0]}, {path}):")
+        gpu_timeline.compare(paths[0], path, min_ops=50)
 
 
 def option(args, name):
@@ -124,6 +150,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="every build once, this many times (default 2)")
     parser.add_argument("--same-logits", type=int, default=0, metavar="N",
                         help="first check that every build gives A's logits of N ids bit for bit (default 0: no check)")
+    parser.add_argument("--trace", metavar="LIB", help="then each build once under this CUPTI tracer (libgpu_trace.so)")
+    parser.add_argument("--trace-dir", default="traces", help="where the traces go (default traces)")
     parser.add_argument("builds", nargs="+", help="build A's keel binary (before), then B's (after), and any others")
     argv = sys.argv[1:]
     at = argv.index("--") if "--" in argv else len(argv)  # keel bench's arguments follow the first "--"
@@ -157,6 +185,8 @@ def main():
             verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
             line += f"  {name} {column(b)} {name}/A {change:+.1f}% {verdict}"
         print(line)
+    if o.trace:
+        traced(names, o.builds, args, o.trace, o.trace_dir)
     if not same:
         sys.exit(1)
 
