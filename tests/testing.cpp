@@ -44,6 +44,8 @@ std::vector<std::byte> read_file(const std::string& path) {
 }
 
 std::vector<float> random_normal(size_t n, uint32_t seed, float stddev) {
+  // Zeros are drawn again, so a zero deviation would never end (a test once hung so).
+  if (!(stddev > 0.0f)) throw std::invalid_argument("random_normal: stddev must be positive");
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, stddev);
   std::vector<float> v(n);

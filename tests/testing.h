@@ -29,7 +29,7 @@ void write_file(const std::string& path, std::span<const std::byte> bytes);
 void write_file(const std::string& path, const std::string& text);
 std::vector<std::byte> read_file(const std::string& path);
 
-// Random floats from N(0, 1) that are never exactly zero.
+// Random floats from N(0, stddev) that are never exactly zero (stddev > 0).
 std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f);
 
 // A fixture tensor's values (int32 or f32), by name; fails the test if it is absent.
