@@ -55,10 +55,11 @@ def figures(report):
     yield "copy bandwidth GB/s (the run's roofline)", report["memory_read_gb_s"], None
 
 
-def keel(binary, command, args):
-    """`binary command args...`: its standard output; a failure stops the script, with its error output."""
+def keel(binary, command, args, env=None):
+    """`binary command args...` (in env, if given): its standard output; a failure stops the
+    script, with its error output."""
     try:
-        run = subprocess.run([binary, command, *args], capture_output=True, text=True)
+        run = subprocess.run([binary, command, *args], capture_output=True, text=True, env=env)
     except OSError as e:
         sys.exit(f"cannot run {binary}: {e.strerror}")
     if run.returncode != 0:
@@ -66,10 +67,10 @@ def keel(binary, command, args):
     return run.stdout
 
 
-def bench(binary, args):
+def bench(binary, args, env=None):
     """One `keel bench` run: its report."""
     # The report is the last line (progress and the kernel plan go to stderr or before it).
-    return json.loads(keel(binary, "bench", [*args, "--json"]).strip().splitlines()[-1])
+    return json.loads(keel(binary, "bench", [*args, "--json"], env).strip().splitlines()[-1])
 
 
 def traced(names, builds, args, library, folder):
@@ -78,11 +79,8 @@ def traced(names, builds, args, library, folder):
     paths = []
     for name, binary in zip(names, builds):
         paths.append(os.path.join(folder, f"{name}.csv"))
-        os.environ.update(CUDA_INJECTION64_PATH=os.path.abspath(library), KEEL_GPU_TRACE=paths[-1])
-        try:
-            bench(binary, args)
-        finally:
-            del os.environ["CUDA_INJECTION64_PATH"], os.environ["KEEL_GPU_TRACE"]
+        bench(binary, args, {**os.environ, "CUDA_INJECTION64_PATH": os.path.abspath(library),
+                             "KEEL_GPU_TRACE": paths[-1]})
         if not os.path.exists(paths[-1]):
             sys.exit(f"{binary} left no trace at {paths[-1]}: is {library} the tracer?")
     for name, path in zip(names[1:], paths[1:]):
