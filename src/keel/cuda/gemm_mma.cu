@@ -368,9 +368,9 @@ __device__ __forceinline__ bool step_factors(const uint32_t (&bits)[R][2], Facto
   return false;
 }
 
-// Where a step's x comes from: f32 in global memory, f32 in shared memory (a block's
-// staged tile), or already split into bf16 hi + lo in shared memory (split_x below).
-enum class XFrom { global, shared, split };
+// Where a step's x comes from: f32 in global memory, or already split into bf16 hi + lo
+// in shared memory (split_x below).
+enum class XFrom { global, split };
 
 // One step: every MMA of the chunks `raw` against the first `groups` column groups, x of
 // group c from x[c] (this lane's chunk of the step), hi then lo.
@@ -396,7 +396,7 @@ __device__ __forceinline__ void mma_step(const uint4 (&raw)[R][2], const Factors
         b0 = {b.x, b.z}, b1 = {b.y, b.w};
       } else {
         float v[4];
-        Fmt::template x_slots<kX == XFrom::shared>(x[c], j, xq[c], v);
+        Fmt::template x_slots<false>(x[c], j, xq[c], v);
         b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
       }
 #pragma unroll
@@ -512,11 +512,12 @@ int64_t split_x_bytes(int64_t in, int64_t count) {
   return bytes <= split_x_cap() ? bytes : 0;
 }
 
-// The block's threads split the columns' rows of x into `to`, two MMAs of a lane chunk
-// each at a time (FP4's pair of MMAs shares its loads): a one-token FP4 row of 2,048 to
-// 4,096 values is 64 to 128 whole chunks, and a chunk a thread left most of the block
-// waiting at the barrier after the split.
-template <WeightFormat F, typename Columns>
+// The block's threads split the columns' rows of x (their first `in` values; kShared:
+// rows in shared memory) into `to`, two MMAs of a lane chunk each at a time (FP4's pair
+// of MMAs shares its loads): a one-token FP4 row of 2,048 to 4,096 values is 64 to 128
+// whole chunks, and a chunk a thread left most of the block waiting at the barrier
+// after the split.
+template <WeightFormat F, bool kShared = false, typename Columns>
 __device__ __forceinline__ void split_x(const Columns& cols, int in, float* to) {
   using Fmt = Mma<F>;
   constexpr int V = Fmt::kValues, kItems = V / 8;  // items a chunk (a power of two)
@@ -531,7 +532,7 @@ __device__ __forceinline__ void split_x(const Columns& cols, int in, float* to) 
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       float v[4];
-      Fmt::template x_slots<false>(from, m + n, q, v);
+      Fmt::template x_slots<kShared>(from, m + n, q, v);
       const Split b0 = hi_lo(v[0], v[1]), b1 = hi_lo(v[2], v[3]);
       into[m + n] = make_uint4(b0.hi, b1.hi, b0.lo, b1.lo);
     }
@@ -709,24 +710,33 @@ __device__ __forceinline__ void mma_tile(const DeviceWeight& w, int64_t block, i
   }
 }
 
-// --- Many tokens: x staged once per block -------------------------------------------------
+// --- Many tokens: x staged and split once per block -------------------------------------
 //
 // With more than 8 tokens a tile is long enough to share its x: the block's warps take 8
 // consecutive row tiles (16·R rows each) over the whole of k, and each 128-k unit of the
-// tile's x is staged once in shared memory (cp.async, double-buffered) for all of them,
-// where mma_tile's warps each read their own x from L2 (about split·8 times less x
-// traffic). Each warp still sums as mma_tile's split warps do: a share of k from zero,
-// its MMAs in k order (FP8: the 128-k blocks times their scales), then the shares'
-// totals added in share order. So a token's row has the same bits from either tile.
+// tile's x is staged once in shared memory (cp.async) and split into bf16 hi + lo once,
+// by the whole block, as each MMA takes it (split_x), for all of them. mma_tile's warps
+// each read their own x from L2 (about split·8 times the x traffic), and before the split
+// was shared each of the 8 warps split the whole unit again: per MMA and column group,
+// two hi + lo splits (about 13 instructions) beside the MMAs' 2·R. Each warp still sums
+// as mma_tile's split warps do: a share of k from zero, its MMAs in k order (FP8: the
+// 128-k blocks times their scales), then the shares' totals added in share order. So a
+// token's row has the same bits from either tile.
+
+// A staged unit of x as split_x's columns: token j's values at j · kUnit.
+struct StagedUnit {
+  const float* x;
+  int count;
+  __device__ const float* x_row(int j) const { return x + j * kUnit; }
+};
 
 template <WeightFormat F, int R, int C, typename Columns>
 __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block, int split, const Columns& cols) {
   constexpr int V = Mma<F>::kValues, K = kStep<F>;
   constexpr bool kFp8 = F == WeightFormat::fp8_block;
-  // A token's unit of x: each lane's V values 4 floats after the previous lane's, so the
-  // lanes of a quarter-warp read distinct banks.
-  constexpr int kTokens = 8 * C, kStride = kUnit + 4 * (kUnit / V);
-  __shared__ __align__(16) float tile[2][kTokens * kStride];
+  constexpr int kTokens = 8 * C;
+  __shared__ __align__(16) float staged[kTokens * kUnit];                              // unit u's x, f32
+  __shared__ __align__(16) float split_unit[kTokens * split_x_words<F>(kUnit, kTokens)];  // the same, split
   __shared__ const float* x_rows[kTokens];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   const int64_t row0 = (block * kWarps + warp) * (16 * R);
@@ -737,12 +747,13 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
 
   if (threadIdx.x < kTokens) x_rows[threadIdx.x] = cols.x_row(min(static_cast<int>(threadIdx.x), cols.count - 1));
   __syncthreads();
-  const auto stage = [&](int64_t u) {  // unit u's x into buffer u % 2
+  const auto length = [&](int64_t u) { return static_cast<int>(min(int64_t{kUnit}, w.in - u * kUnit)); };
+  const auto stage = [&](int64_t u) {  // unit u's x into `staged`
     const int64_t k0 = u * kUnit;
-    const int quads = static_cast<int>(min(int64_t{kUnit}, w.in - k0)) / 4;
+    const int quads = length(u) / 4;
     for (int e = threadIdx.x; e < kTokens * quads; e += kThreads) {
       const int j = e / quads, f = 4 * (e % quads);
-      cp_async16(&tile[u % 2][j * kStride + f + 4 * (f / V)], x_rows[j] + k0 + f);
+      cp_async16(&staged[j * kUnit + f], x_rows[j] + k0 + f);
     }
     cp_async_commit();
   };
@@ -755,14 +766,14 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
   int64_t share_end = units / split;  // the first unit past this share
   stage(0);
   for (int64_t u = 0; u < units; ++u) {
-    if (u + 1 < units) {
-      stage(u + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // unit u's x is staged
-    const int64_t k0 = u * kUnit, k1 = min(w.in, k0 + kUnit);
+    // Unit u's x is staged, and every warp is past unit u - 1's MMAs: split it.
+    cp_async_wait<0>();
+    __syncthreads();
+    const int in_unit = length(u), words = static_cast<int>(split_x_words<F>(in_unit, kTokens));
+    split_x<F, true>(StagedUnit{staged, kTokens}, in_unit, split_unit);
+    __syncthreads();  // split, and `staged` free: the next unit's x loads while this one's MMAs run
+    if (u + 1 < units) stage(u + 1);
+    const int64_t k0 = u * kUnit, k1 = k0 + in_unit;
     float scale[R][2];
     if constexpr (kFp8) rows.block_scales(w, static_cast<int>(k0), scale);
     for (int64_t k = k0; k < k1; k += K) {
@@ -771,15 +782,16 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
       rows.load(static_cast<int>(k), raw, bits);
       Factors f[R][2];
       const bool big = step_factors<F, R>(bits, f);
-      // This lane's V values of the step: lane t's chunk, 4 floats of padding per chunk before it.
-      const int64_t at = k - k0 + V * t;
+      // This lane's chunk of the step (the unit's chunk (k - k0) / V + t, V words and 4 of
+      // padding each) in each column group's rows.
+      const int chunk = static_cast<int>(k - k0) / V + t;
       const float* x[C];
 #pragma unroll
-      for (int c = 0; c < C; ++c) x[c] = tile[u % 2] + (8 * c + g) * kStride + at + 4 * (at / V);
+      for (int c = 0; c < C; ++c) x[c] = split_unit + (8 * c + g) * words + chunk * (V + 4);
       if (big) {
-        mma_step<F, R, C, XFrom::shared, true>(raw, f, x, groups, sum);
+        mma_step<F, R, C, XFrom::split, true>(raw, f, x, groups, sum);
       } else {
-        mma_step<F, R, C, XFrom::shared, false>(raw, f, x, groups, sum);
+        mma_step<F, R, C, XFrom::split, false>(raw, f, x, groups, sum);
       }
     }
     if constexpr (kFp8) fold_block(sum, scale, acc);
@@ -799,7 +811,6 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
       ++share;
       share_end = (share + 1) * units / split;
     }
-    __syncthreads();  // buffer u % 2 is restaged for unit u + 2
   }
 
 #pragma unroll
