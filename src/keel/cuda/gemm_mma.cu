@@ -764,8 +764,15 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
   float total[R][C][4] = {};  // the shares so far, added in share order
   int share = 0;
   int64_t share_end = units / split;  // the first unit past this share
+  uint4 raw[R][2];
+  uint32_t bits[R][2];
   stage(0);
   for (int64_t u = 0; u < units; ++u) {
+    // The unit's first weights are asked for before its barriers and split (weights are
+    // never written by a kernel): the barriers keep the block's warps in step, so a load
+    // issued where it is used would stall all eight at once. (FP4's unit is one step.)
+    const int64_t k0 = u * kUnit;
+    rows.load(static_cast<int>(k0), raw, bits);
     // Unit u's x is staged, and every warp is past unit u - 1's MMAs: split it.
     cp_async_wait<0>();
     __syncthreads();
@@ -773,13 +780,11 @@ __device__ __forceinline__ void staged_tile(const DeviceWeight& w, int64_t block
     split_x<F, true>(StagedUnit{staged, kTokens}, in_unit, split_unit);
     __syncthreads();  // split, and `staged` free: the next unit's x loads while this one's MMAs run
     if (u + 1 < units) stage(u + 1);
-    const int64_t k0 = u * kUnit, k1 = k0 + in_unit;
+    const int64_t k1 = k0 + in_unit;
     float scale[R][2];
     if constexpr (kFp8) rows.block_scales(w, static_cast<int>(k0), scale);
     for (int64_t k = k0; k < k1; k += K) {
-      uint4 raw[R][2];
-      uint32_t bits[R][2];
-      rows.load(static_cast<int>(k), raw, bits);
+      if (k > k0) rows.load(static_cast<int>(k), raw, bits);
       Factors f[R][2];
       const bool big = step_factors<F, R>(bits, f);
       // This lane's chunk of the step (the unit's chunk (k - k0) / V + t, V words and 4 of
