@@ -19,7 +19,7 @@ Blocks a multiprocessor by registers alone are given for --threads threads a blo
 the MMAs, the f32 -> bf16x2 conversions and the barriers. These are static counts: a
 loop's body counts once however often it runs, so they compare code, not a launch's work.
 For example, with the staged tile's x split once per block instead of once per warp
-(docs/pending/M-*), the FP4 kernel's conversions go 256 -> 8 (its step is unrolled: the
+(8a76777), the FP4 kernel's conversions go 256 -> 8 (its step is unrolled: the
 256 ran once a unit, the 8 are the split's), and the bf16 kernel's go 16 -> 24 though
 its step loop, four times a unit, lost all 16 (the 24 are the split's loop unrolled:
 8 of them run a unit). The machine code itself would need cuobjdump, which a toolkit
