@@ -40,6 +40,7 @@ done
 if ((${#names[@]} == 0)); then
   names=(main)
   for patch in "$root"/docs/pending/?-*.patch; do
+    [[ -e $patch ]] || continue  # none pending: main alone
     name=$(basename "$patch")
     depends=$(sed -n 's/^Depends-on: \([A-Z]\)$/\1+/p' "$patch")
     names+=("$depends${name%%-*}")
