@@ -20,10 +20,11 @@ usage() {
 }
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/tools/carried.sh"
 carry=$root/build-carry
 out=${OUT:-$root/build-pending/check}
 hang=60
-only='*Settled*:*FewBlock*:CudaMhc.*:CudaMoeRouting.*:All/CudaMma.*:CudaMmaCases.*'
+only='CudaMhc.*:CudaMoe*:All/CudaMma.*:CudaMmaCases.*'
 names=()
 while (($#)); do
   case $1 in
@@ -43,18 +44,9 @@ mkdir -p "$out" || exit 2
 bins=$(mktemp -d)
 trap 'rm -rf "$bins"' EXIT
 for name in "${names[@]}"; do
-  packed=$carry/$name/keel_gpu_tests.xz
-  [[ -f $packed ]] || { echo "pending_check: no $packed" >&2; exit 2; }
-  mkdir -p "$bins/$name"
-  xz -dc "$packed" >"$bins/$name/keel_gpu_tests" && chmod +x "$bins/$name/keel_gpu_tests" || exit 2
+  carried_unpack "$carry/$name/keel_gpu_tests.xz" "$bins/$name/keel_gpu_tests" || exit 2
 done
-
-# The builds link NCCL: where the loader does not find libnccl.so.2, the copy that a
-# Python environment's nvidia-nccl package holds (torch's) serves, if there is one.
-if ldd "$bins/$all/keel_gpu_tests" | grep -q 'libnccl.so.2 => not found'; then
-  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-  [[ -n $nccl ]] && export LD_LIBRARY_PATH=$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+carried_find_nccl "$bins/$all/keel_gpu_tests"
 
 check_args=(--build-dir "$bins/$all" --out "$out/$all" --hang "$hang")
 if [[ $only == none ]]; then check_args+=(--no-sanitizers); else check_args+=(--only "$only"); fi
