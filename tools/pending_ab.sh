@@ -8,11 +8,11 @@
 # A is the build the others are set against (usually main). Where the checkpoint --model
 # (default /dev/shm/flashN: memory, since the GPU machine's disk holds about 18 layers, 62
 # GB, and little else) is not there yet, A's keel writes it first: `synth --shape flash
-# --layers N --mtp-layers 0`, N from --layers (default 18). --rounds (default 2) and --logits (ab_bench's
-# --same-logits, default 20) go to ab_bench. --trace DIR builds tools/gpu_trace.cpp against
-# the CUDA toolkit's CUPTI and has ab_bench run each build once more under it, its trace
-# in DIR. BENCH_ARGS are keel bench's after --model (e.g. --device cuda --prompt 512
-# --decode 32 --runs 2 --batch 1,8,64 --batch-prompt 32).
+# --layers N --mtp-layers 0`, N from --layers (default 18). --rounds (default 2) and
+# --logits (ab_bench's --same-logits, default 20) go to ab_bench. --trace DIR builds
+# tools/gpu_trace.cpp against the CUDA toolkit's CUPTI and has ab_bench run each build
+# once more under it, its trace in DIR. BENCH_ARGS are keel bench's after --model (e.g.
+# --device cuda --prompt 512 --decode 32 --runs 2 --batch 1,8,64 --batch-prompt 32).
 set -euo pipefail
 
 usage() {
