@@ -13,7 +13,9 @@
 // decode attention by key list length and rows per call, the CUDA-core kernel
 // (attend_decode) against the tensor-core one's decode entry (attend_mma_decode).
 //
-//   keel_gpu_bench [--iters N]
+//   keel_gpu_bench [--iters N] [--attention]
+//
+// --attention runs the decode attention table alone (after the copy bandwidth).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -67,6 +69,13 @@ std::vector<float> normal(size_t n) {
   return v;
 }
 
+float* upload_floats(const std::vector<float>& v) {
+  float* d = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float)));
+  check(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
 // The kernels compared, with the name their rows carry.
 struct Kernel {
   const char* name;
@@ -74,12 +83,66 @@ struct Kernel {
 };
 const Kernel kKernels[] = {{"gemv", &keel::cuda::linear}, {"mma", &keel::cuda::linear_mma}};
 
+void decode_attention_table(int iters) {
+  // Flash's decode attention: 64 heads of 512 sharing one key per list entry, lists of
+  // window (128) plus compressed entries, each row its own list of random rows of 8,192
+  // keys (16 MB: they stay in L2, where a decode step's keys come from DRAM).
+  constexpr int kAttHeads = 64, kAttDim = 512, kKvRows = 8192, kMostRows = 64, kLongest = 2048;
+  float* kv = upload_floats(normal(size_t{kKvRows} * kAttDim));
+  float* att_q = upload_floats(normal(size_t{kMostRows} * kAttHeads * kAttDim));
+  float* sinks = upload_floats(std::vector<float>(kAttHeads, 0.0f));
+  float *att_out = nullptr, *att_scratch = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&att_out), size_t{kMostRows} * kAttHeads * kAttDim * sizeof(float)));
+  check(cudaMalloc(reinterpret_cast<void**>(&att_scratch),
+                   keel::cuda::attend_decode_scratch(kMostRows, kAttHeads, kAttDim, kLongest) * sizeof(float)));
+  unsigned* att_arrivals = nullptr;  // zero before the first call; each call leaves them so
+  const size_t counters = keel::cuda::attend_decode_arrivals(kMostRows, kAttHeads);
+  check(cudaMalloc(reinterpret_cast<void**>(&att_arrivals), counters * sizeof(unsigned)));
+  check(cudaMemset(att_arrivals, 0, counters * sizeof(unsigned)));
+  std::mt19937 pick_rng(2);
+  std::uniform_int_distribution<int32_t> pick(0, kKvRows - 1);
+  std::vector<int32_t> index(size_t{kMostRows} * kLongest);
+  for (int32_t& i : index) i = pick(pick_rng);
+  int32_t* dindex = nullptr;
+  int32_t* doffsets = nullptr;
+  check(cudaMalloc(reinterpret_cast<void**>(&dindex), index.size() * sizeof(int32_t)));
+  check(cudaMemcpy(dindex, index.data(), index.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  check(cudaMalloc(reinterpret_cast<void**>(&doffsets), (kMostRows + 1) * sizeof(int32_t)));
+  fmt::print("\ndecode attention, us per call ({} heads x {}, one list per row)\n", kAttHeads, kAttDim);
+  fmt::print("{:>6} {:>6} {:>12} {:>12}\n", "rows", "keys", "cuda cores", "tensor cores");
+  for (const int rows : {1, 8, 64}) {
+    for (const int keys : {128, 256, 384, 512, 640, 1024, 2048}) {
+      std::vector<int32_t> offsets(rows + 1);
+      for (int r = 0; r <= rows; ++r) offsets[r] = r * keys;
+      check(cudaMemcpy(doffsets, offsets.data(), offsets.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      const auto time = [&](auto* kernel) {
+        return seconds([&] {
+          kernel(att_q, rows, kAttHeads, kAttDim, kv, dindex, doffsets, sinks, 0.05f, att_out,
+                 {att_scratch, att_arrivals}, keys, {}, nullptr);
+        }, iters);
+      };
+      const double cores = time(&keel::cuda::attend_decode), tensor = time(&keel::cuda::attend_mma_decode);
+      fmt::print("{:>6} {:>6} {:>12.1f} {:>12.1f}\n", rows, keys, cores * 1e6, tensor * 1e6);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row out as it is measured, also when stopped part-way
   int iters = 50;
-  if (argc == 3 && std::string(argv[1]) == "--iters") iters = std::atoi(argv[2]);
+  bool attention_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (std::string(argv[i]) == "--attention") {
+      attention_only = true;
+    } else {
+      std::fprintf(stderr, "usage: keel_gpu_bench [--iters N] [--attention]\n");
+      return 2;
+    }
+  }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0));
 
@@ -94,6 +157,10 @@ int main(int argc, char** argv) {
   cudaFree(b);
   fmt::print("device: {} (sm_{}{}), copy bandwidth {:.0f} GB/s (read + write, {} GiB)\n", prop.name, prop.major,
              prop.minor, copy_bw / 1e9, copy_bytes >> 30);
+  if (attention_only) {
+    decode_attention_table(iters);
+    return 0;
+  }
   fmt::print("{:<28} {:>6} {:>12} {:>10} {:>10} {:>8} {:>10} {:>8}\n", "case (out x in, format)", "kernel",
              "weight MiB", "us", "GB/s", "of copy", "floor us", "of floor");
 
@@ -427,12 +494,6 @@ int main(int argc, char** argv) {
   // nowhere.
   constexpr int kHeads = 64, kDim = 128, kTop = 512, kRatio = 4;
   const int64_t most = (int64_t{512} << 10) / kRatio;
-  const auto upload_floats = [](const std::vector<float>& v) {
-    float* d = nullptr;
-    check(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float)));
-    check(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-  };
   float* keys = upload_floats(normal(most * kDim));
   float* q = upload_floats(normal(kHeads * kDim));
   float* weights = upload_floats(normal(kHeads));
@@ -459,46 +520,6 @@ int main(int argc, char** argv) {
                entries * kDim * sizeof(float) / s / 1e9);
   }
 
-  // Flash's decode attention: 64 heads of 512 sharing one key per list entry, lists of
-  // window (128) plus compressed entries, each row its own list of random rows of 8,192
-  // keys (16 MB: they stay in L2, where a decode step's keys come from DRAM).
-  constexpr int kAttHeads = 64, kAttDim = 512, kKvRows = 8192, kMostRows = 64, kLongest = 2048;
-  float* kv = upload_floats(normal(size_t{kKvRows} * kAttDim));
-  float* att_q = upload_floats(normal(size_t{kMostRows} * kAttHeads * kAttDim));
-  float* sinks = upload_floats(std::vector<float>(kAttHeads, 0.0f));
-  float *att_out = nullptr, *att_scratch = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&att_out), size_t{kMostRows} * kAttHeads * kAttDim * sizeof(float)));
-  check(cudaMalloc(reinterpret_cast<void**>(&att_scratch),
-                   keel::cuda::attend_decode_scratch(kMostRows, kAttHeads, kAttDim, kLongest) * sizeof(float)));
-  unsigned* att_arrivals = nullptr;  // zero before the first call; each call leaves them so
-  const size_t counters = keel::cuda::attend_decode_arrivals(kMostRows, kAttHeads);
-  check(cudaMalloc(reinterpret_cast<void**>(&att_arrivals), counters * sizeof(unsigned)));
-  check(cudaMemset(att_arrivals, 0, counters * sizeof(unsigned)));
-  std::mt19937 pick_rng(2);
-  std::uniform_int_distribution<int32_t> pick(0, kKvRows - 1);
-  std::vector<int32_t> index(size_t{kMostRows} * kLongest);
-  for (int32_t& i : index) i = pick(pick_rng);
-  int32_t* dindex = nullptr;
-  int32_t* doffsets = nullptr;
-  check(cudaMalloc(reinterpret_cast<void**>(&dindex), index.size() * sizeof(int32_t)));
-  check(cudaMemcpy(dindex, index.data(), index.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  check(cudaMalloc(reinterpret_cast<void**>(&doffsets), (kMostRows + 1) * sizeof(int32_t)));
-  fmt::print("\ndecode attention, us per call ({} heads x {}, one list per row)\n", kAttHeads, kAttDim);
-  fmt::print("{:>6} {:>6} {:>12} {:>12}\n", "rows", "keys", "cuda cores", "tensor cores");
-  for (const int rows : {1, 8, 64}) {
-    for (const int keys : {128, 256, 384, 512, 640, 1024, 2048}) {
-      std::vector<int32_t> offsets(rows + 1);
-      for (int r = 0; r <= rows; ++r) offsets[r] = r * keys;
-      check(cudaMemcpy(doffsets, offsets.data(), offsets.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const auto time = [&](auto* kernel) {
-        return seconds([&] {
-          kernel(att_q, rows, kAttHeads, kAttDim, kv, dindex, doffsets, sinks, 0.05f, att_out,
-                 {att_scratch, att_arrivals}, keys, {}, nullptr);
-        }, iters);
-      };
-      const double cores = time(&keel::cuda::attend_decode), tensor = time(&keel::cuda::attend_mma_decode);
-      fmt::print("{:>6} {:>6} {:>12.1f} {:>12.1f}\n", rows, keys, cores * 1e6, tensor * 1e6);
-    }
-  }
+  decode_attention_table(iters);
   return 0;
 }

@@ -482,19 +482,11 @@ int64_t few_token_shared_budget() {
 // What a few-token launch's split x may take here (after its ring and shares).
 int64_t split_x_cap() { return std::min(kSplitXBytes, few_token_shared_budget() - kRingBytes<2> - kSharesBytes); }
 
-// A few-token kernel's dynamic shared memory may pass 48 KiB: it opts in, once per
-// device, to its ring and the largest split x.
+// A few-token kernel's dynamic shared memory may pass 48 KiB: it opts in to its ring and
+// the largest split x.
 template <auto kKernel>
 void allow_ring() {
-  static std::atomic<uint64_t> devices{0};  // a bit per device done
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  const uint64_t bit = uint64_t{1} << (device % 64);
-  if (devices.load() & bit) return;
-  check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kRingBytes<2> + split_x_cap())),
-        "cudaFuncSetAttribute");
-  devices.fetch_or(bit);
+  allow_shared<kKernel>(static_cast<int>(kRingBytes<2> + split_x_cap()));
 }
 
 // Words a row of split x takes: a chunk's V words and 4 of padding, and with several

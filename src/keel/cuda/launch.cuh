@@ -14,6 +14,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <utility>
 
 #include "cuda/check.cuh"
@@ -48,6 +50,19 @@ void overlapped_launch(const char* what, void (*kernel)(Params...), dim3 grid, d
   config.attrs = &overlap;
   config.numAttrs = 1;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
+// A kernel whose dynamic shared memory may pass 48 KiB opts in to `bytes`, once per
+// device (the attribute is set on the current device's copy of the kernel).
+template <auto kKernel>
+void allow_shared(int bytes) {
+  static std::atomic<uint64_t> devices{0};  // a bit per device done
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if (devices.load() & bit) return;
+  check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute");
+  devices.fetch_or(bit);
 }
 
 }  // namespace keel::cuda
