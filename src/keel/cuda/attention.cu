@@ -73,29 +73,54 @@ __device__ __forceinline__ void merge_splits(const float* p, int splits, int hea
 
 // Block (head group, sequence, split), with `paged` the sequence's keys through its block
 // table, else rows of `kv`: each warp keeps its head's query slice, running
-// max m, denominator l and weighted key sum in registers (lane holds channels
-// lane + 32·i) and folds in its split's keys one tile at a time (online softmax). The
+// max m, denominator l and weighted key sum in registers and folds in its split's keys
+// one tile at a time (online softmax). A lane holds channels 4·lane + 128·k + c (k, c <
+// 4: kPerLane of them), so that it reads a tile row's values four at a time. The
 // sink starts split 0's softmax: m = sink, l = exp(sink − m) = 1, sum = 0; the other
 // splits start empty (m = −inf, l = 0). With one split the result is written as is;
 // with several, each split's (m, l, sum) goes to `partial`, and the head group's last
 // block to finish (counted in arrivals[sequence · heads + head group], which it resets)
 // merges them (merge_splits, as the tensor-core kernel's combine launch does).
 //
+// kDim is head_dim where the launch knows it (kMaxAttentionHeadDim, Flash's: no channel
+// is past the end, every row a whole number of float4s), else 0 (any head_dim ≤ kDim's
+// maximum, read from the argument, every channel checked). A warp's tile fold was about
+// 950 instructions with head_dim at run time: per-channel bounds tests and branches and
+// one shared-memory load per value (ncu, docs/perf.md 2026-12-06).
+//
 // The split's key rows are found kFound at a time (one thread a key, all in flight at
 // once), and each tile is copied into shared memory (cp.async, two buffers) while the
 // warps fold in the tile before it: a tile costs one memory round trip at most, where
 // copying it element by element cost one per element a thread copied.
 constexpr int kFound = kHeadsPerBlock * kWarp;
+static_assert(kPerLane % 4 == 0);
 
+// Channel i of a lane's kPerLane (see decode).
+__device__ __forceinline__ int lane_channel(int lane, int i) { return 4 * lane + 4 * kWarp * (i / 4) + i % 4; }
+
+// The four values of `row` at d .. d + 3 (d a multiple of 4), zero past `dim`.
+template <int kDim>
+__device__ __forceinline__ float4 four_at(const float* row, int d, int dim) {
+  if constexpr (kDim != 0) {
+    return *reinterpret_cast<const float4*>(row + d);
+  } else {
+    return make_float4(d < dim ? row[d] : 0.0f, d + 1 < dim ? row[d + 1] : 0.0f, d + 2 < dim ? row[d + 2] : 0.0f,
+                       d + 3 < dim ? row[d + 3] : 0.0f);
+  }
+}
+
+template <int kDim>
 __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
            unsigned* __restrict__ arrivals, PagedTables paged) {
+  static_assert(kDim == 0 || kDim == kMaxAttentionHeadDim);
   __shared__ __align__(16) float tiles[2][kTile * kMaxAttentionHeadDim];
   __shared__ const float* rows[kFound];  // key rows of the current pass
   let_next_start();
   wait_for_inputs();
+  const int dim = kDim != 0 ? kDim : head_dim;
   const int b = blockIdx.y;
   const int all = key_offsets[b + 1] - key_offsets[b], splits = splits_of(all), split = blockIdx.z;
   if (split >= splits) return;  // a shorter list than the call's longest
@@ -105,29 +130,30 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   const bool active = h < heads;  // inactive warps still help stage tiles
 
   float qh[kPerLane], acc[kPerLane];
-  const float* qrow = q + (int64_t{b} * heads + (active ? h : 0)) * head_dim;
+  const float* qrow = q + (int64_t{b} * heads + (active ? h : 0)) * dim;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int d = lane + kWarp * i;
-    qh[i] = d < head_dim ? qrow[d] : 0.0f;
-    acc[i] = 0.0f;
+  for (int i = 0; i < kPerLane; i += 4) {
+    const float4 v = four_at<kDim>(qrow, lane_channel(lane, i), dim);
+    qh[i] = v.x, qh[i + 1] = v.y, qh[i + 2] = v.z, qh[i + 3] = v.w;
   }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
   float m = split == 0 ? (active ? sinks[h] : 0.0f) : -INFINITY, l = split == 0 ? 1.0f : 0.0f;
 
-  // Keys `first` .. `first + n - 1` of the pass (n ≤ kTile) into `tile`, one commit group;
-  // the rows past n are zeroed, so that the fold reads a whole tile. A thread copies the
-  // same columns of each row (head_dim ≤ the block's threads · 4): no division a copy.
-  const bool vector = head_dim % 4 == 0;  // rows 16-byte aligned: whole float4 copies
+  // Keys `first` .. `first + n - 1` of the pass into `tile`, one commit group; the rows
+  // past n are zeroed, so that the fold reads a whole tile. A thread copies the same
+  // columns of each row (head_dim ≤ the block's threads · 4): no division a copy.
+  const bool vector = dim % 4 == 0;  // rows 16-byte aligned: whole float4 copies
   static_assert(kMaxAttentionHeadDim <= 4 * kFound, "a thread's one float4 of each row");
   const auto stage = [&](int first, int n, float* tile) {
     for (int j = 0; j < kTile; ++j) {
       float* to = tile + j * kMaxAttentionHeadDim;
       if (j >= n) {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) to[d] = 0.0f;
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) to[d] = 0.0f;
       } else if (vector) {
-        if (const int d = 4 * threadIdx.x; d < head_dim) cp_async16(to + d, rows[first + j] + d);
+        if (const int d = 4 * threadIdx.x; d < dim) cp_async16(to + d, rows[first + j] + d);
       } else {
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) cp_async4(to + d, rows[first + j] + d);
+        for (int d = threadIdx.x; d < dim; d += blockDim.x) cp_async4(to + d, rows[first + j] + d);
       }
     }
     cp_async_commit();
@@ -138,16 +164,17 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   // exponentials and 16 multiply-adds wait on the key before (the kernel grew by about
   // 3.6 us a tile of a split: docs/perf.md, 2026-12-02).
   const auto fold = [&](const float* tile, int n) {
-    float s[kTile];
+    float s[kTile] = {};
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) {
-      float partial = 0.0f;
+    for (int i = 0; i < kPerLane; i += 4) {  // each key's sum in channel order; a float4 of every key at once
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int d = lane + kWarp * i;
-        if (d < head_dim) partial += qh[i] * tile[j * kMaxAttentionHeadDim + d];
+      for (int j = 0; j < kTile; ++j) {
+        const float4 t = four_at<kDim>(tile + j * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
+        s[j] += qh[i] * t.x;
+        s[j] += qh[i + 1] * t.y;
+        s[j] += qh[i + 2] * t.z;
+        s[j] += qh[i + 3] * t.w;
       }
-      s[j] = partial;
     }
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
@@ -167,13 +194,17 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     l = l * correction + sum;
     m = top;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + kWarp * i;
-      if (d >= head_dim) continue;
-      float channel = acc[i] * correction;
+    for (int i = 0; i < kPerLane; i += 4) {
+      float4 channels{acc[i] * correction, acc[i + 1] * correction, acc[i + 2] * correction, acc[i + 3] * correction};
 #pragma unroll
-      for (int j = 0; j < kTile; ++j) channel += s[j] * tile[j * kMaxAttentionHeadDim + d];
-      acc[i] = channel;
+      for (int j = 0; j < kTile; ++j) {
+        const float4 t = four_at<kDim>(tile + j * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
+        channels.x += s[j] * t.x;
+        channels.y += s[j] * t.y;
+        channels.z += s[j] * t.z;
+        channels.w += s[j] * t.w;
+      }
+      acc[i] = channels.x, acc[i + 1] = channels.y, acc[i + 2] = channels.z, acc[i + 3] = channels.w;
     }
   };
 
@@ -185,7 +216,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     __syncthreads();  // the previous pass's rows and tiles are no longer read
     if (threadIdx.x < found) {
       const int64_t r = key_index[first + pass + threadIdx.x];
-      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, head_dim) : kv + r * head_dim;
+      rows[threadIdx.x] = table ? paged_row(table, paged.rows_per_block, r, dim) : kv + r * dim;
     }
     __syncthreads();
     stage(0, min(kTile, found), tiles[0]);
@@ -201,25 +232,23 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
       __syncthreads();  // its buffer is free for tile t + 2
     }
   }
-  float* orow = out + (int64_t{b} * heads + h) * head_dim;
+  float* orow = out + (int64_t{b} * heads + h) * dim;
   if (splits == 1) {
     if (!active) return;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + kWarp * i;
-      if (d < head_dim) orow[d] = acc[i] / l;
+      if (const int d = lane_channel(lane, i); d < dim) orow[d] = acc[i] / l;
     }
     return;
   }
   // partial[(b, h, split)] = m, l, then head_dim sums; rows of gridDim.z splits each.
-  const float* pieces = partial + (int64_t{b} * heads + h) * gridDim.z * (head_dim + 2);
+  const float* pieces = partial + (int64_t{b} * heads + h) * gridDim.z * (dim + 2);
   if (active) {
-    float* prow = partial + ((int64_t{b} * heads + h) * gridDim.z + split) * (head_dim + 2);
+    float* prow = partial + ((int64_t{b} * heads + h) * gridDim.z + split) * (dim + 2);
     if (lane == 0) prow[0] = m, prow[1] = l;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      const int d = lane + kWarp * i;
-      if (d < head_dim) prow[2 + d] = acc[i];
+      if (const int d = lane_channel(lane, i); d < dim) prow[2 + d] = acc[i];
     }
   }
   __shared__ bool last;
@@ -231,7 +260,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
     if (last) arrived = 0;  // ready for the next launch
   }
   __syncthreads();
-  if (last && active) merge_splits<kPerLane>(pieces, splits, head_dim, orow, lane, kWarp);
+  if (last && active) merge_splits<kPerLane>(pieces, splits, dim, orow, lane, kWarp);
 }
 
 // The tensor-core kernel's merge: one block per (sequence, head) of a sequence whose keys
@@ -531,7 +560,8 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
     throw std::runtime_error("cuda::attend_decode: no scratch (partial sums and arrival counters) for split keys");
   }
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
-  overlapped_launch("attend_decode launch", decode, grid, kHeadsPerBlock * kWarp, 0, stream, q, heads, head_dim, kv,
+  const auto kernel = head_dim == kMaxAttentionHeadDim ? decode<kMaxAttentionHeadDim> : decode<0>;
+  overlapped_launch("attend_decode launch", kernel, grid, kHeadsPerBlock * kWarp, 0, stream, q, heads, head_dim, kv,
                     key_index, key_offsets, sinks, scale, out, scratch.partial, scratch.arrivals, paged);
 }
 
