@@ -83,8 +83,8 @@ __device__ __forceinline__ void merge_splits(const float* p, int splits, int hea
 // merges them (merge_splits, as the tensor-core kernel's combine launch does).
 //
 // kDim is head_dim where the launch knows it (kMaxAttentionHeadDim, Flash's: no channel
-// is past the end, every row a whole number of float4s), else 0 (any head_dim ≤ kDim's
-// maximum, read from the argument, every channel checked). A warp's tile fold was about
+// is past the end, every row a whole number of float4s), else 0 (any head_dim up to
+// kMaxAttentionHeadDim, read from the argument, every channel checked). A warp's tile fold was about
 // 950 instructions with head_dim at run time: per-channel bounds tests and branches and
 // one shared-memory load per value (ncu, docs/perf.md 2026-12-06).
 //
