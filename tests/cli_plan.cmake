@@ -104,18 +104,15 @@ string(JSON op GET "${json}" kernels 0 op)
 expect_equal("${op}" "embedding" "first kernel's op")
 
 # With the CUDA kernels in the binary: prefill attention on the tensor cores; decode and
-# verify on the tensor cores in CSA layers (long lists) and on the f32 kernel in the
-# others, the same kernel for both in every layer, so that a verified draft row gets the
-# bits plain decoding gets (speculative decoding gives the plain tokens); the draft's
-# (sliding) layer on the f32 kernel.
+# verify on the f32 kernel in every layer, the same kernel for both, so that a verified
+# draft row gets the bits plain decoding gets (speculative decoding gives the plain
+# tokens); the draft's (sliding) layer likewise.
 run_keel(TRUE out plan --list-kernels)
 if(out MATCHES "cuda_mma_attention")
   run_keel(TRUE out plan --shape flash --arch sm_90)
   foreach(want "target +layers 0-42 +attention_prefill +- +cuda_mma_attention "
-               "target +layers 0-1, 3,5,..,41 +attention_decode +- +cuda_decode_attention "
-               "target +layers 0-1, 3,5,..,41 +attention_verify +- +cuda_decode_attention "
-               "target +layers 2,4,..,42 +attention_decode +- +cuda_mma_attention "
-               "target +layers 2,4,..,42 +attention_verify +- +cuda_mma_attention "
+               "target +layers 0-42 +attention_decode +- +cuda_decode_attention "
+               "target +layers 0-42 +attention_verify +- +cuda_decode_attention "
                "draft +mtp.0 +attention_prefill +- +cuda_mma_attention "
                "draft +mtp.0 +attention_decode +- +cuda_decode_attention ")
     if(NOT out MATCHES "${want}")

@@ -616,22 +616,15 @@ void register_attention(Registry& registry) {
       "the decode kernel once per chunk token (CUDA cores)");
   add("cuda_decode_attention", &attend_decode, Op::attention_verify, 1, {},
       "the decode kernel once per draft token, so verified rows equal decoded ones bit for bit");
-  // mma.sync bf16 is on every GPU from sm_80 on. Decode and verify take the tensor cores
-  // in CSA layers, whose lists reach the window plus the indexer's top-k (640 keys for
-  // Flash from 2K tokens of context on). Sliding lists (≤ the window) and HCA lists (the
-  // window plus one entry per 128 tokens) stay short. Since head_dim 512 is compiled in,
-  // one row runs faster on the CUDA-core kernel at every length (640 keys: 18.4 against
-  // 27.5 us on an H100), but the tensor cores still win from 256 keys at 8 rows a call and
-  // from 384 at 64 (docs/perf.md, 2026-12-06): which one CSA layers take waits for an A/B
-  // of whole steps. The choice is per layer kind, never per call, so that a row's bits do
-  // not depend on its batch. Decode and verify take the same kernel in every layer, so a
-  // verified row has the bits plain decoding gives it.
+  // mma.sync bf16 is on every GPU from sm_80 on: prefill's many rows a call take it.
+  // Decode and verify take the CUDA-core kernel in every layer kind: since head_dim 512
+  // is compiled in, one row runs faster there at every length (640 keys: 18.4 against
+  // 27.5 us on an H100), though the tensor cores still win from 256 keys at 8 rows a call
+  // and from 384 at 64 (docs/perf.md, 2026-12-06); the choice is per layer kind, never
+  // per call, so that a row's bits do not depend on its batch, and a verified row has
+  // the bits plain decoding gives it.
   add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2, {},
       "tensor cores (mma.sync, f32 as bf16 hi + lo): 32 heads of a query row against 16 keys at a time");
-  add("cuda_mma_attention", &attend_mma_decode, Op::attention_decode, 2, {AttentionKind::compressed_sparse},
-      "tensor cores as for prefill, lists split every 32 keys (CSA layers: long lists)");
-  add("cuda_mma_attention", &attend_mma_decode, Op::attention_verify, 2, {AttentionKind::compressed_sparse},
-      "the decode entry once per draft token, so verified rows equal decoded ones bit for bit");
 }
 
 }  // namespace keel::cuda
