@@ -319,8 +319,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p, boo
 // next tile into registers while the block computes on this one. The key rows are found
 // kThreads at a time (a thread a key), so that a tile's fetch is one memory round trip,
 // not three (list entry, block table, row).
+template <int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
-    attend(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
+    attend(const float* __restrict__ q, int heads, int head_dim_arg, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
            PagedTables paged, int keys_per_split) {
@@ -328,6 +329,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(16) uint16_t khi[kKeys * kStride], klo[kKeys * kStride];
   __shared__ float reduce[2 * kQuarters][8][kWarp];  // each warp's partial S
   __shared__ const float* rows[kThreads];             // key rows of keys kThreads·n .. kThreads·(n + 1) - 1
+  static_assert(kDim == 0 || kDim == kMaxAttentionHeadDim);
+  const int head_dim = kDim != 0 ? kDim : head_dim_arg;
   let_next_start();  // the combine may launch meanwhile (it waits for this kernel)
   wait_for_inputs();
   const int b = blockIdx.y;
@@ -576,7 +579,8 @@ void launch_mma(const char* who, const float* q, int rows, int heads, int head_d
   const int splits = splits_of(max_keys, keys_per_split);
   if (splits > 1 && scratch == nullptr) throw std::runtime_error(std::string(who) + ": no scratch for split keys");
   const dim3 grid((heads + mma_rows::kHeads - 1) / mma_rows::kHeads, rows, splits);
-  overlapped_launch("attend_mma launch", mma_rows::attend, grid, mma_rows::kThreads, 0, stream, q, heads, head_dim, kv,
+  const auto kernel = head_dim == kMaxAttentionHeadDim ? mma_rows::attend<kMaxAttentionHeadDim> : mma_rows::attend<0>;
+  overlapped_launch("attend_mma launch", kernel, grid, mma_rows::kThreads, 0, stream, q, heads, head_dim, kv,
                     key_index, key_offsets, sinks, scale, out, scratch, paged, keys_per_split);
   if (splits > 1) launch_combine(scratch, key_offsets, rows, heads, head_dim, splits, keys_per_split, out, stream);
 }
