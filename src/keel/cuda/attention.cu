@@ -18,6 +18,7 @@ namespace {
 constexpr int kHeadsPerBlock = 4;  // one warp per head; the heads share each key tile
 constexpr int kTile = 8;           // keys staged in shared memory per step
 constexpr int kPerLane = kMaxAttentionHeadDim / kWarp;
+constexpr int kHalf = kTile / 2;  // keys a fold takes at a time (decode's kLean)
 static_assert(kTile <= kHeadsPerBlock * kWarp, "one thread finds each key row of a tile");
 
 // Splits of one query's key list (flash-decoding): one per kKeysPerSplit keys, at most
@@ -109,8 +110,8 @@ __device__ __forceinline__ float4 four_at(const float* row, int d, int dim) {
   }
 }
 
-template <int kDim>
-__global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
+template <int kDim, bool kLean>
+__global__ void __launch_bounds__(kHeadsPerBlock* kWarp, kLean ? 4 : 1)
     decode(const float* __restrict__ q, int heads, int head_dim, const float* __restrict__ kv,
            const int32_t* __restrict__ key_index, const int32_t* __restrict__ key_offsets,
            const float* __restrict__ sinks, float scale, float* __restrict__ out, float* __restrict__ partial,
@@ -162,49 +163,68 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp)
   // new max and one correction for the tile, its exponentials side by side, and each
   // channel's sum over the tile's keys. Folding key by key made every key's two
   // exponentials and 16 multiply-adds wait on the key before (the kernel grew by about
-  // 3.6 us a tile of a split: docs/perf.md, 2026-12-02).
+  // 3.6 us a tile of a split: docs/perf.md, 2026-12-02). The scores and the sums go in
+  // two halves of kHalf keys, each key's score and each channel's sum in the same order
+  // either way: unrolled (kLean false) every load of the tile is in flight at once; one
+  // half at a time (kLean) the kernel fits 128 registers. Every product and sum is
+  // rounded as written (__fmaf_rn, __fmul_rn): left to the compiler, a product and the
+  // add after it fused one way in one form and the other way in the other (a scale times
+  // the old sums, or a weight times a key), and the two forms' bits differed.
   const auto fold = [&](const float* tile, int n) {
-    float s[kTile] = {};
+    float s[kTile];
+#pragma unroll(kLean ? 1 : 2)
+    for (int half = 0; half < kTile; half += kHalf) {
+      float part[kHalf] = {};
 #pragma unroll
-    for (int i = 0; i < kPerLane; i += 4) {  // each key's sum in channel order; a float4 of every key at once
+      for (int i = 0; i < kPerLane; i += 4) {  // each key's sum in channel order; a float4 of every key at once
 #pragma unroll
-      for (int j = 0; j < kTile; ++j) {
-        const float4 t = four_at<kDim>(tile + j * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
-        s[j] += qh[i] * t.x;
-        s[j] += qh[i + 1] * t.y;
-        s[j] += qh[i + 2] * t.z;
-        s[j] += qh[i + 3] * t.w;
+        for (int j = 0; j < kHalf; ++j) {
+          const float4 t = four_at<kDim>(tile + (half + j) * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
+          part[j] = __fmaf_rn(qh[i], t.x, part[j]);
+          part[j] = __fmaf_rn(qh[i + 1], t.y, part[j]);
+          part[j] = __fmaf_rn(qh[i + 2], t.z, part[j]);
+          part[j] = __fmaf_rn(qh[i + 3], t.w, part[j]);
+        }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) {
+      for (int j = 0; j < kHalf; ++j) {
 #pragma unroll
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) s[j] += __shfl_xor_sync(0xffffffffu, s[j], offset);
+        for (int offset = kWarp / 2; offset > 0; offset /= 2) part[j] += __shfl_xor_sync(0xffffffffu, part[j], offset);
+        if (half == 0) s[j] = part[j]; else s[kHalf + j] = part[j];  // constant indices: registers
+      }
     }
     float top = m;
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      s[j] = j < n ? s[j] * scale : -INFINITY;
+      s[j] = j < n ? __fmul_rn(s[j], scale) : -INFINITY;
       top = fmaxf(top, s[j]);
     }
     const float correction = expf(m - top);  // 0 while m is -inf (a split's first tile)
     float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) sum += s[j] = expf(s[j] - top);  // 0 past n
-    l = l * correction + sum;
+    for (int j = 0; j < kTile; ++j) sum = __fadd_rn(sum, s[j] = expf(s[j] - top));  // 0 past n
+    l = __fmaf_rn(l, correction, sum);
     m = top;
+#pragma unroll(kLean ? 1 : 2)
+    for (int half = 0; half < kTile; half += kHalf) {
+      float weight[kHalf];
+      const float scaled = half == 0 ? correction : 1.0f;  // the old sums scaled once (× 1 is exact)
 #pragma unroll
-    for (int i = 0; i < kPerLane; i += 4) {
-      float4 channels{acc[i] * correction, acc[i + 1] * correction, acc[i + 2] * correction, acc[i + 3] * correction};
+      for (int j = 0; j < kHalf; ++j) weight[j] = half == 0 ? s[j] : s[kHalf + j];
 #pragma unroll
-      for (int j = 0; j < kTile; ++j) {
-        const float4 t = four_at<kDim>(tile + j * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
-        channels.x += s[j] * t.x;
-        channels.y += s[j] * t.y;
-        channels.z += s[j] * t.z;
-        channels.w += s[j] * t.w;
+      for (int i = 0; i < kPerLane; i += 4) {
+        float4 channels{__fmul_rn(acc[i], scaled), __fmul_rn(acc[i + 1], scaled), __fmul_rn(acc[i + 2], scaled),
+                        __fmul_rn(acc[i + 3], scaled)};
+#pragma unroll
+        for (int j = 0; j < kHalf; ++j) {
+          const float4 t = four_at<kDim>(tile + (half + j) * kMaxAttentionHeadDim, lane_channel(lane, i), dim);
+          channels.x = __fmaf_rn(weight[j], t.x, channels.x);
+          channels.y = __fmaf_rn(weight[j], t.y, channels.y);
+          channels.z = __fmaf_rn(weight[j], t.z, channels.z);
+          channels.w = __fmaf_rn(weight[j], t.w, channels.w);
+        }
+        acc[i] = channels.x, acc[i + 1] = channels.y, acc[i + 2] = channels.z, acc[i + 3] = channels.w;
       }
-      acc[i] = channels.x, acc[i + 1] = channels.y, acc[i + 2] = channels.z, acc[i + 3] = channels.w;
     }
   };
 
@@ -563,7 +583,12 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
     throw std::runtime_error("cuda::attend_decode: no scratch (partial sums and arrival counters) for split keys");
   }
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
-  const auto kernel = head_dim == kMaxAttentionHeadDim ? decode<kMaxAttentionHeadDim> : decode<0>;
+  // One row a call: every load of a tile in flight (207 registers, two blocks a
+  // multiprocessor). Several: half a tile at a time, four blocks a multiprocessor; the
+  // same bits, so a row's result does not depend on its batch.
+  const bool lean = sequences > 1;
+  const auto kernel = head_dim == kMaxAttentionHeadDim ? (lean ? decode<kMaxAttentionHeadDim, true> : decode<kMaxAttentionHeadDim, false>)
+                                                       : (lean ? decode<0, true> : decode<0, false>);
   overlapped_launch("attend_decode launch", kernel, grid, kHeadsPerBlock * kWarp, 0, stream, q, heads, head_dim, kv,
                     key_index, key_offsets, sinks, scale, out, scratch.partial, scratch.arrivals, paged);
 }
