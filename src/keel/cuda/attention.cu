@@ -648,8 +648,9 @@ void register_attention(Registry& registry) {
   // mma.sync bf16 is on every GPU from sm_80 on: prefill's many rows a call take it.
   // Decode and verify take the CUDA-core kernel in every layer kind: since head_dim 512
   // is compiled in, one row runs faster there at every length (640 keys: 18.4 against
-  // 27.5 us on an H100), though the tensor cores still win from 256 keys at 8 rows a call
-  // and from 384 at 64 (docs/perf.md, 2026-12-06); the choice is per layer kind, never
+  // 27.5 us on an H100), though the tensor cores still win from about 384 keys at 8 or 64
+  // rows a call (640 keys, 8 rows: 79.0 against 61.2 us since the lean fold; docs/perf.md,
+  // 2026-12-06 and 12-07); the choice is per layer kind, never
   // per call, so that a row's bits do not depend on its batch, and a verified row has
   // the bits plain decoding gives it.
   add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2, {},
