@@ -167,9 +167,10 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp, kLean ? 4 : 1)
   // two halves of kHalf keys, each key's score and each channel's sum in the same order
   // either way: unrolled (kLean false) every load of the tile is in flight at once; one
   // half at a time (kLean) the kernel fits 128 registers. Every product and sum is
-  // rounded as written (__fmaf_rn, __fmul_rn): left to the compiler, a product and the
-  // add after it fused one way in one form and the other way in the other (a scale times
-  // the old sums, or a weight times a key), and the two forms' bits differed.
+  // rounded as written (__fmaf_rn, __fmul_rn, __fadd_rn): left to the compiler, a
+  // product and the add after it fused one way in one form and the other way in the
+  // other (a scale times the old sums, or a weight times a key), and the two forms' bits
+  // differed.
   const auto fold = [&](const float* tile, int n) {
     float s[kTile];
 #pragma unroll(kLean ? 1 : 2)
@@ -583,12 +584,12 @@ void attend_decode(const float* q, int sequences, int heads, int head_dim, const
     throw std::runtime_error("cuda::attend_decode: no scratch (partial sums and arrival counters) for split keys");
   }
   const dim3 grid((heads + kHeadsPerBlock - 1) / kHeadsPerBlock, sequences, splits);
-  // One row a call: every load of a tile in flight (207 registers, two blocks a
+  // One row a call: every load of a tile in flight (208 registers on sm_90a, two blocks a
   // multiprocessor). Several: half a tile at a time, four blocks a multiprocessor; the
   // same bits, so a row's result does not depend on its batch.
-  const bool lean = sequences > 1;
-  const auto kernel = head_dim == kMaxAttentionHeadDim ? (lean ? decode<kMaxAttentionHeadDim, true> : decode<kMaxAttentionHeadDim, false>)
-                                                       : (lean ? decode<0, true> : decode<0, false>);
+  const bool lean = sequences > 1, flash = head_dim == kMaxAttentionHeadDim;
+  const auto kernel = flash ? (lean ? decode<kMaxAttentionHeadDim, true> : decode<kMaxAttentionHeadDim, false>)
+                            : (lean ? decode<0, true> : decode<0, false>);
   overlapped_launch("attend_decode launch", kernel, grid, kHeadsPerBlock * kWarp, 0, stream, q, heads, head_dim, kv,
                     key_index, key_offsets, sinks, scale, out, scratch.partial, scratch.arrivals, paged);
 }
