@@ -16,7 +16,10 @@ input and hc_head's first kernel: a sublayer a part). With `dram__bytes_read.sum
 ncu's metrics (`--metrics gpu__time_duration.sum,dram__bytes_read.sum`) it adds what each
 kernel read from memory and at what rate: ncu flushes the caches before each kernel, so
 that is the kernel's weights and whatever else it reads, as a decode step's weights
-would come.
+would come. With --launches REGEX it prints instead the ncu arguments that profile that
+step's launches whose names REGEX finds, in a second run of the same command
+(`--kernel-name regex:REGEX --launch-skip N --launch-count M`: ncu counts only the
+launches its filter takes). tools/profile_step.sh runs both passes.
 Needs Python 3 alone.
 """
 
@@ -24,6 +27,7 @@ import argparse
 import collections
 import csv
 import re
+import shlex
 import sys
 
 
@@ -85,12 +89,16 @@ def main():
     parser.add_argument("--part-start", default="site_in,mix_dots",
                         help="kernels that begin a part of the step, comma-separated (default: each mHC site input, "
                              "so a part is a sublayer, and hc_head's first kernel; empty: no parts)")
+    parser.add_argument("--launches", metavar="REGEX",
+                        help="print the ncu arguments that select the last whole step's launches REGEX finds")
     args = parser.parse_args()
 
     kernels = read_kernels(args.csv)
     ends = [i for i, k in enumerate(kernels) if k[0].startswith(args.step_end)]
     if len(ends) < 2:
         sys.exit(f"fewer than two '{args.step_end}' launches: no whole step to show")
+    if args.launches:
+        return print_launches(kernels, ends[-2] + 1, ends[-1] + 1, args.launches)
     step = kernels[ends[-2] + 1:ends[-1] + 1]
     total = sum(k[1] for k in step)
     measured = all(k[4] is not None for k in step)
@@ -109,6 +117,15 @@ def main():
     starts = [name for name in args.part_start.split(",") if name]
     if starts:
         print_parts(step, total, measured, starts)
+
+
+def print_launches(kernels, first, end, regex):
+    """ncu's filter for the launches of kernels[first:end] whose names `regex` finds."""
+    found = [bool(re.search(regex, k[0])) for k in kernels]
+    count = sum(found[first:end])
+    if count == 0:
+        sys.exit(f"no launch of the last whole step matches {regex!r}")
+    print(f"--kernel-name {shlex.quote('regex:' + regex)} --launch-skip {sum(found[:first])} --launch-count {count}")
 
 
 def print_parts(step, total, measured, starts):
