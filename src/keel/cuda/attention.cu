@@ -167,10 +167,10 @@ __global__ void __launch_bounds__(kHeadsPerBlock* kWarp, kLean ? 4 : 1)
   // two halves of kHalf keys, each key's score and each channel's sum in the same order
   // either way: unrolled (kLean false) every load of the tile is in flight at once; one
   // half at a time (kLean) the kernel fits 128 registers. Every product and sum is
-  // rounded as written (__fmaf_rn, __fmul_rn, __fadd_rn): left to the compiler, a
-  // product and the add after it fused one way in one form and the other way in the
-  // other (a scale times the old sums, or a weight times a key), and the two forms' bits
-  // differed.
+  // rounded as written (__fmaf_rn, __fmul_rn, __fadd_rn): without that the two forms'
+  // bits differed, since the compiler may fuse a product with the add after it either
+  // way (fma(acc, scale, weight · key) or fma(weight, key, acc · scale)) and need not
+  // choose alike in both forms.
   const auto fold = [&](const float* tile, int n) {
     float s[kTile];
 #pragma unroll(kLean ? 1 : 2)
