@@ -60,8 +60,8 @@ run=("$keel" bench --model "$model" --device cuda --prompt 64 --decode 6 --runs 
 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
   --log-file "$out/step.csv" "${run[@]}" > "$out/step-run.log"
 python3 "$root/tools/step_kernels.py" "$out/step.csv" > "$out/step.txt"
-select=()
-eval "select=($(python3 "$root/tools/step_kernels.py" "$out/step.csv" --launches "$kernels"))"  # shell-quoted
+launches=$(python3 "$root/tools/step_kernels.py" "$out/step.csv" --launches "$kernels")  # exits where none match
+mapfile -t select <<< "$launches"
 ncu --clock-control none --set full --import-source no "${select[@]}" -f -o "$out/prof" "${run[@]}" \
   > "$out/prof-run.log"
 ncu -i "$out/prof.ncu-rep" --page source --csv --print-source sass > "$out/source.csv"

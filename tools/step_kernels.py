@@ -16,8 +16,8 @@ input and hc_head's first kernel: a sublayer a part). With `dram__bytes_read.sum
 ncu's metrics (`--metrics gpu__time_duration.sum,dram__bytes_read.sum`) it adds what each
 kernel read from memory and at what rate: ncu flushes the caches before each kernel, so
 that is the kernel's weights and whatever else it reads, as a decode step's weights
-would come. With --launches REGEX it prints instead the ncu arguments that profile that
-step's launches whose names REGEX finds, in a second run of the same command
+would come. With --launches REGEX it prints instead, one a line, the ncu arguments that
+profile that step's launches whose names REGEX finds in a second run of the same command
 (`--kernel-name regex:REGEX --launch-skip N --launch-count M`: ncu counts only the
 launches its filter takes). tools/profile_step.sh runs both passes.
 Needs Python 3 alone.
@@ -27,7 +27,6 @@ import argparse
 import collections
 import csv
 import re
-import shlex
 import sys
 
 
@@ -125,7 +124,7 @@ def print_launches(kernels, first, end, regex):
     count = sum(found[first:end])
     if count == 0:
         sys.exit(f"no launch of the last whole step matches {regex!r}")
-    print(f"--kernel-name {shlex.quote('regex:' + regex)} --launch-skip {sum(found[:first])} --launch-count {count}")
+    print("--kernel-name", f"regex:{regex}", "--launch-skip", sum(found[:first]), "--launch-count", count, sep="\n")
 
 
 def print_parts(step, total, measured, starts):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/profile_step.sh against a stand-in carried keel and a stand-in ncu (no GPU): the
 # checkpoint written only where it is missing, the second pass given the last whole step's
-# launches of the kernels asked for, and the step table and the stall summary written.
+# launches of the kernels asked for (and not run where none match), and the step table and
+# the stall summary written.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d)
@@ -65,6 +66,11 @@ run main || fail "the second profile failed"
 grep -q "keel synth" "$work/log" && fail "a checkpoint that is there written again"
 grep -q "regex:mma_pairs|mma_linear|mma_group|decode|site_in --launch-skip 8 --launch-count 4 " "$work/log" ||
   fail "the default kernels"
+
+: >"$work/log"
+run --kernels nothing_here main && fail "a regex that no launch matches"
+grep -q -- "--set full" "$work/log" && fail "the full pass run without a selection"
+grep -q "no launch of the last whole step matches 'nothing_here'" "$work/said" || fail "the empty selection named"
 
 run Q && fail "a build that was not carried"
 grep -q "no $work/carry/Q/keel.xz" "$work/said" || fail "the missing build named"

@@ -651,9 +651,9 @@ void register_attention(Registry& registry) {
   // is compiled in, one row runs faster there at every length (640 keys: 18.4 against
   // 27.5 us on an H100), though the tensor cores still win from about 384 keys at 8 or 64
   // rows a call (640 keys, 8 rows: 79.0 against 61.2 us since the lean fold; docs/perf.md,
-  // 2026-12-06 and 12-07); the choice is per layer kind, never
-  // per call, so that a row's bits do not depend on its batch, and a verified row has
-  // the bits plain decoding gives it.
+  // 2026-12-06 and 12-07); the choice is per layer kind, never per call, so that a row's
+  // bits do not depend on its batch, and a verified row has the bits plain decoding gives
+  // it.
   add("cuda_mma_attention", &attend_mma, Op::attention_prefill, 2, {},
       "tensor cores (mma.sync, f32 as bf16 hi + lo): 32 heads of a query row against 16 keys at a time");
 }
