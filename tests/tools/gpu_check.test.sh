@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# scripts/gpu-check's hung-test watchdog and tools/pending_check.sh's culprit table,
-# against stand-ins for nvidia-smi, compute-sanitizer and keel_gpu_tests (no GPU needed).
-# The stand-in tests: A.One passes, P/B.Two/0 fails in the builds ALL and Y, C.Hang
-# hangs in ALL and X, D.Four passes, F.New exists only in ALL and fails there.
+# scripts/gpu-check's hung-test watchdog, its sanitizer shards that a filter leaves
+# without tests, and tools/pending_check.sh's culprit table, against stand-ins for
+# nvidia-smi, compute-sanitizer and keel_gpu_tests (no GPU needed). The stand-in tests:
+# A.One passes, P/B.Two/0 fails in the builds ALL and Y, C.Hang hangs in ALL and X, D.Four
+# passes, F.New exists only in ALL and fails there. Like gtest, the stand-in runs test i
+# of its list in shard i mod GTEST_TOTAL_SHARDS; like compute-sanitizer, the stand-in
+# exits 255 without a summary where the program made no CUDA call (ran no test).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d)
@@ -19,8 +22,13 @@ cat >"$work/bin/compute-sanitizer" <<'SH'
 args=()
 while (($#)); do case $1 in --tool | --leak-check | --error-exitcode) shift 2 ;; *) args+=("$1"); shift ;; esac; done
 echo "ran: ${args[*]}"
-"${args[@]}"
+output=$("${args[@]}")
 rc=$?
+echo "$output"
+if [[ $output == *"Running 0 tests"* ]]; then
+  echo "========= Error: Target application terminated before first instrumented API call"
+  exit 255
+fi
 echo "========= ERROR SUMMARY: 0 errors"
 exit $rc
 SH
@@ -34,10 +42,19 @@ for a in "$@"; do
 done
 tests="A.One P/B.Two/0 C.Hang D.Four"
 [[ $build == ALL ]] && tests+=" F.New"
-ran=0 passed=0 failed=0
+selected=()
 for t in $tests; do
   [[ ":$without:" == *":$t:"* ]] && continue
   [[ -n $only && $only != *'*'* && ":$only:" != *":$t:"* ]] && continue
+  selected+=("$t")
+done
+shard=()
+for i in "${!selected[@]}"; do
+  ((i % ${GTEST_TOTAL_SHARDS:-1} == ${GTEST_SHARD_INDEX:-0})) && shard+=("${selected[i]}")
+done
+echo "[==========] Running ${#shard[@]} tests from 1 test suite."
+ran=0 passed=0 failed=0
+for t in "${shard[@]}"; do
   ran=$((ran + 1))
   echo "[ RUN      ] $t"
   if [[ $t == C.Hang && $build =~ ^(ALL|X)$ ]]; then exec sleep 1000; fi
@@ -78,4 +95,14 @@ C.Hang: ALL HUNG, main ok, X HUNG, Y ok
 F.New: ALL FAIL, main absent, X absent, Y absent
 P/B.Two/0: ALL FAIL, main ok, X ok, Y FAIL
 TXT
+# Four sanitizer shards for one test: the three without a test pass.
+mkdir -p "$work/one" && cp "$work/keel_gpu_tests" "$work/one/"
+timeout -k 5 60 "$root/scripts/gpu-check" --build-dir "$work/one" --out "$work/one-out" --only 'D.Four' --jobs 4 \
+  >"$work/one-log" 2>&1
+rc=$?
+cat "$work/one-log"
+for tool in memcheck racecheck; do
+  grep -q "^$tool *PASS .*1 passed" "$work/one-out/summary.txt" ||
+    fail "$tool over one test in four shards: $(grep "^$tool" "$work/one-out/summary.txt")"
+done
 echo "gpu-check and pending_check: as expected"
