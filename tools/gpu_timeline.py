@@ -11,6 +11,7 @@ steps alike (same operation count: a decode run), its largest gaps with the oper
 either side, and its time by kernel name.
 
     python3 tools/gpu_timeline.py trace.csv [--gaps 25] [--min-ops 50] [--ops] [--step N]
+    python3 tools/gpu_timeline.py trace.csv --own [--min-ops 50]
     python3 tools/gpu_timeline.py trace.csv --against other.csv [--min-ops 50]
 
 With --step N, step N (as numbered in the first table) stands for the median step: a
@@ -21,7 +22,11 @@ With --against, two builds' traces of the same run (a patch's A/B): for each, th
 run's median span, then each operation's time a step (median over the run's steps) in
 both, by how much it moved. An operation's time is its end after the operation before
 it on its stream ended (or after its own start, if later): what it adds to that stream,
-not counting a kernel's early launch waiting for the one before (PDL).
+not counting a kernel's early launch waiting for the one before (PDL), but counting a
+wait for another stream (the MoE's expand follows the side stream's down projection on
+its stream and waits there for the routed experts': about 20 us of "expand" a layer).
+With --own, the same times of one trace alone, largest first: where a decode step's
+kernels spend their time, summed over the layers (on 2026-12-07 read by hand from --ops).
 """
 import argparse
 import collections
@@ -118,6 +123,15 @@ def run_profile(path, min_ops):
     return span, len(run), profile
 
 
+def own(path, min_ops):
+    span, steps, profile = run_profile(path, min_ops)
+    print(f"median step span: {span / 1e3:.1f} us ({steps} steps)")
+    print("\nus a step each operation adds to its stream (median over the run), count a step; largest first")
+    for name, (t, count) in sorted(profile.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {t / 1e3:8.1f} {count:4g}  {name}")
+    print(f"  {sum(t for t, _ in profile.values()) / 1e3:8.1f}       (all)")
+
+
 def compare(a_path, b_path, min_ops):
     (span_a, n_a, a), (span_b, n_b, b) = run_profile(a_path, min_ops), run_profile(b_path, min_ops)
     print(f"median step span: A {span_a / 1e3:.1f} us ({n_a} steps), B {span_b / 1e3:.1f} us ({n_b} steps), "
@@ -146,10 +160,13 @@ def main():
     ap.add_argument("--min-ops", type=int, default=50, help="steps with fewer GPU operations are left out")
     ap.add_argument("--ops", action="store_true", help="list the median step's operations in start order")
     ap.add_argument("--step", type=int, help="the step to detail instead of the median one")
+    ap.add_argument("--own", action="store_true", help="each operation's time added to its stream, a step")
     ap.add_argument("--against", metavar="OTHER", help="compare with another build's trace of the same run")
     args = ap.parse_args()
     if args.against:
         return compare(args.trace, args.against, args.min_ops)
+    if args.own:
+        return own(args.trace, args.min_ops)
     gpu, api = read(args.trace)
     steps = [s for s in steps_of(gpu) if len(s) >= args.min_ops]
     if not steps:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tools/ab_bench.py with --trace, and tools/gpu_timeline.py's comparison under it, against
+# tools/ab_bench.py with --trace, and tools/gpu_timeline.py's comparison under it (and its
+# --own table of one trace), against
 # a stand-in keel: build B's "gate" kernel takes 3.5 us where A's takes 7, 60 times a step,
 # and the tracer is a file the stand-in only checks is named (no GPU, no CUPTI).
 set -uo pipefail
@@ -41,4 +42,13 @@ grep -q '^median step span: A 1743.0 us (10 steps), B 1533.0 us (10 steps), B - 
   fail "the traced step's span"
 grep -Eq '^ +420.0 +60 +210.0 +60 +-210.0  gate$' "$work/out" || fail "the gate's line"
 grep -Eq '^ +1200.0 +60 +1200.0 +60 +\+0.0  experts$' "$work/out" || fail "the experts' line"
+# One trace alone (--own): the same times, largest first.
+python3 "$root/tools/gpu_timeline.py" "$work/traces/A.csv" --own >"$work/own" || fail "gpu_timeline --own failed"
+cat "$work/own"
+diff <(grep -E '^ +[0-9]' "$work/own") - <<'TXT' || fail "gpu_timeline --own's table"
+    1200.0   60  experts
+     420.0   60  gate
+       3.0    1  memcpy 64 bytes kind 2
+    1623.0       (all)
+TXT
 echo "ab_bench --trace: as expected"
