@@ -45,9 +45,13 @@ def figures(report):
     """(name, value, higher_is_better) for each figure of one `keel bench --json` report."""
     yield "prefill tok/s", report["prefill_tok_s"], True
     yield "decode ms/token", 1e3 / report["decode_tok_s"], False
+    if "decode_waited_tok_s" in report:  # builds with pipelined decode
+        yield "decode, steps waited, ms/token", 1e3 / report["decode_waited_tok_s"], False
     yield "share of copy bandwidth %", 100.0 * report["bandwidth_share"], True
     for b in report["batched"]:
         yield f"batched decode {b['batch']} tok/s", b["tok_s"], True
+        if "waited_step_ms" in b:
+            yield f"batched decode {b['batch']}, steps waited, tok/s", 1e3 * b["batch"] / b["waited_step_ms"], True
     for p in report["prefill"]:
         yield f"prefill {p['tokens']} tokens tok/s", p["tok_s"], True
     for s in report["speculative"]:
@@ -171,17 +175,29 @@ def main():
     for name, binary in zip(names, o.builds):
         print(f"{name}: {binary}")
     print(f"keel bench {' '.join(args)}; {o.rounds} round(s), {' then '.join(names)} each\n")
-    width = max(len(name) for name, _, _ in runs["A"][0])
-    for i, (figure, _, higher) in enumerate(runs["A"][0]):
+    # Every build's figures by name, in the order they first come (builds may differ in
+    # which figures their bench reports); a figure is set against A's where A has it.
+    order = {}
+    for name in names:
+        for figure, _, higher in runs[name][0]:
+            order.setdefault(figure, higher)
+    values = lambda name, figure: [v for run in runs[name] for f, v, _ in run if f == figure]
+    width = max(len(figure) for figure in order)
+    for figure, higher in order.items():
         # A build's runs of the figure, and their spread where there are several.
-        column = lambda values: cells(values) + (f" (spread {spread(values):.1f}%)" if o.rounds > 1 else "")
-        a = [run[i][1] for run in runs["A"]]
-        line = f"{figure:<{width}}  A {column(a)}"
+        column = lambda vs: cells(vs) + (f" (spread {spread(vs):.1f}%)" if o.rounds > 1 else "")
+        a = values("A", figure)
+        line = f"{figure:<{width}}  A {column(a) if a else '-'}"
         for name in names[1:]:
-            b = [run[i][1] for run in runs[name]]
-            change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
-            verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
-            line += f"  {name} {column(b)} {name}/A {change:+.1f}% {verdict}"
+            b = values(name, figure)
+            if not b:
+                line += f"  {name} -"
+                continue
+            line += f"  {name} {column(b)}"
+            if a:
+                change = (statistics.mean(b) / statistics.mean(a) - 1.0) * 100.0
+                verdict = "" if higher is None else ("+" if (change > 0) == higher else "-") if change else "="
+                line += f" {name}/A {change:+.1f}% {verdict}"
         print(line)
     if o.trace:
         traced(names, o.builds, args, o.trace, o.trace_dir)

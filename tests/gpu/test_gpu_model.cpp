@@ -433,5 +433,141 @@ TEST(GpuModel, DecodeGraphsTurnOffAndOn) {
   EXPECT_EQ(graphs->decode_graph_counts().failure, "");
 }
 
+bool same_summary(const RowSummary& a, const RowSummary& b) {
+  return a.ids == b.ids && a.logits == b.logits && a.whole_pick == b.whole_pick &&
+         std::memcmp(&a.log_z, &b.log_z, sizeof(float)) == 0 && std::memcmp(&a.z_t, &b.z_t, sizeof(float)) == 0;
+}
+
+// Pipelined steps (begin, finish a step late; tokens picked on the device) give the
+// summaries, bit for bit, of the same steps waited for one by one (forward with choices).
+// Five sequences (a bucket of 8, padded) of the demo model, whose first two layers route
+// by hash (the picked tokens' experts are looked up on the device): greedy rows, a
+// whole-row sampling row, and a row that draws with top-k and top-p every fifth step,
+// after which the host gives its token (taken from the waited run: the host chooses it)
+// and the call is finished before the next begins. Graphs off for a stretch in the
+// middle (every call finished first).
+TEST(GpuModel, PipelinedStepsGiveTheWaitedBits) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("models/keel-tiny-v4"));
+  ASSERT_EQ(host->config().mlp.front(), MlpKind::hash_moe);
+  const auto gpu = GpuModel::create(*host);
+  const int64_t V = host->config().vocab_size;
+  constexpr int kSequences = 5, kSteps = 40;
+  const auto choice = [](int i, int step) -> RowChoice {
+    const auto draw = static_cast<uint64_t>(step);
+    switch (i) {
+      case 2: return {{.temperature = 0.9f, .seed = 12}, draw, 1};
+      case 4:
+        if (step % 5 == 0) return {{.temperature = 1.1f, .top_k = 40, .top_p = 0.9f, .seed = 3}, draw, 1};
+        [[fallthrough]];
+      default: return {{.temperature = 0.0f}, 0, i + 1};
+    }
+  };
+  const auto expect_step = [&](const std::vector<std::optional<RowSummary>>& got, const auto& want, int step) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(got[i] && same_summary(*got[i], *want[i])) << "step " << step << ", sequence " << i;
+    }
+  };
+  std::mt19937 rng(31);
+  std::vector<std::vector<int32_t>> prompts(kSequences);
+  for (int i = 0; i < kSequences; ++i) {
+    prompts[i].resize(3 + 11 * i);
+    for (auto& id : prompts[i]) id = static_cast<int32_t>(rng() % V);
+  }
+  // Each run: its sequences after their prompts, and the prompts' tokens chosen.
+  const auto start = [&](std::vector<DeviceSequence>& seqs) {
+    std::vector<DeviceChunk> chunks;
+    std::vector<std::optional<RowChoice>> choices;
+    for (int i = 0; i < kSequences; ++i) seqs.push_back(gpu->new_sequence());
+    for (int i = 0; i < kSequences; ++i) {
+      chunks.push_back({&seqs[i], prompts[i]});
+      choices.push_back(choice(i, 0));
+    }
+    std::vector<int32_t> next;
+    const auto rows = gpu->forward(chunks, choices);
+    for (int i = 0; i < kSequences; ++i) next.push_back(choose(choices[i]->params, choices[i]->draw, *rows[i]));
+    return next;
+  };
+
+  std::vector<DeviceSequence> waited_seqs;
+  std::vector<std::vector<int32_t>> tokens{start(waited_seqs)};  // tokens[s]: what step s runs
+  std::vector<std::vector<std::optional<RowSummary>>> waited;
+  for (int step = 1; step <= kSteps; ++step) {
+    if (step == 15) gpu->set_decode_graphs(false);
+    if (step == 22) gpu->set_decode_graphs(true);
+    std::vector<DeviceChunk> chunks;
+    std::vector<std::optional<RowChoice>> choices;
+    for (int i = 0; i < kSequences; ++i) {
+      chunks.push_back({&waited_seqs[i], std::span(&tokens.back()[i], 1)});
+      choices.push_back(choice(i, step));
+    }
+    waited.push_back(gpu->forward(chunks, choices));
+    std::vector<int32_t> next;
+    for (int i = 0; i < kSequences; ++i) next.push_back(choose(choices[i]->params, choices[i]->draw, *waited.back()[i]));
+    tokens.push_back(next);
+  }
+
+  std::vector<DeviceSequence> seqs;
+  ASSERT_EQ(start(seqs), tokens.front());
+  for (int step = 1; step <= kSteps; ++step) {
+    if (step == 15 || step == 22) {  // every call finished first, as switching graphs needs
+      EXPECT_THROW(gpu->set_decode_graphs(step == 22), Error);
+      expect_step(gpu->finish(), waited[step - 2], step - 1);
+      gpu->set_decode_graphs(step == 22);
+    }
+    std::vector<DeviceChunk> chunks;
+    std::vector<std::optional<RowChoice>> choices;
+    const bool before = step > 1 && step != 15 && step != 22;  // a begun call to pick from
+    for (int i = 0; i < kSequences; ++i) {
+      const bool picked = before && pick_kind(choice(i, step - 1).params) != PickKind::candidates;
+      chunks.push_back(picked ? DeviceChunk{&seqs[i], {}, i} : DeviceChunk{&seqs[i], std::span(&tokens[step - 1][i], 1)});
+      choices.push_back(choice(i, step));
+    }
+    gpu->begin(chunks, choices);
+    if (before) expect_step(gpu->finish(), waited[step - 2], step - 1);
+  }
+  expect_step(gpu->finish(), waited.back(), kSteps);
+  for (int i = 0; i < kSequences; ++i) EXPECT_EQ(seqs[i].length, waited_seqs[i].length);
+  // Counted since graphs turned on again at step 22, which captured: steps 23 to 40 replay.
+  EXPECT_EQ(gpu->decode_graph_counts().replayed, kSteps - 22);
+  EXPECT_EQ(gpu->decode_graph_counts().failure, "");
+}
+
+// What begin refuses, before any sequence changes: a pick with no call begun before, a
+// pick of a chunk whose draw the host makes or that had no choice, a chunk with both
+// tokens and a pick, a third call begun; and the other calls while one is begun.
+TEST(GpuModel, PipelinedStepsRefuseWhatCannotBePicked) {
+  if (devices().empty()) GTEST_SKIP() << "no CUDA device";
+  const auto host = Model::load(source_path("tests/fixtures/tiny"));
+  const auto gpu = GpuModel::create(*host);
+  DeviceSequence a = gpu->new_sequence(), b = gpu->new_sequence(), c = gpu->new_sequence();
+  const std::vector<int32_t> prompt{1, 2, 3};
+  const std::optional<RowChoice> greedy = RowChoice{}, top_k = RowChoice{{.temperature = 1.0f, .top_k = 5}, 0, 1};
+  const std::vector<DeviceChunk> picks_nothing{{&a, {}, 0}};
+  EXPECT_THROW(gpu->begin(picks_nothing, std::vector{greedy}), Error);
+  EXPECT_EQ(a.length, 0);
+  const std::vector<DeviceChunk> prompts{{&a, prompt}, {&b, prompt}, {&c, prompt}};
+  gpu->begin(prompts, std::vector{greedy, top_k, std::optional<RowChoice>{}});
+  EXPECT_THROW(gpu->forward(a, prompt), Error);
+  EXPECT_THROW(gpu->forward(prompts, std::vector{greedy, greedy, greedy}), Error);
+  const int32_t token = 5;
+  for (const DeviceChunk& bad : {DeviceChunk{&b, {}, 1}, DeviceChunk{&b, {}, 2}, DeviceChunk{&b, {}, 3},
+                                 DeviceChunk{&b, std::span(&token, 1), 0}}) {
+    const std::vector<DeviceChunk> chunks{{&a, {}, 0}, bad};
+    EXPECT_THROW(gpu->begin(chunks, std::vector{greedy, greedy}), Error);
+  }
+  EXPECT_EQ(a.length, 3);
+  EXPECT_EQ(b.length, 3);
+  const std::vector<DeviceChunk> step{{&a, {}, 0}, {&b, std::span(&token, 1)}};
+  gpu->begin(step, std::vector{greedy, greedy});
+  EXPECT_THROW(gpu->begin(step, std::vector{greedy, greedy}), Error);
+  EXPECT_EQ(gpu->finish().size(), 3u);
+  EXPECT_EQ(gpu->finish().size(), 2u);
+  EXPECT_THROW(gpu->finish(), Error);
+  EXPECT_EQ(a.length, 4);
+  EXPECT_EQ(b.length, 4);
+}
+
 }  // namespace
 }  // namespace keel::cuda

@@ -9,9 +9,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "cuda/sampling.h"
@@ -127,6 +130,75 @@ TEST(CudaSampling, ARowAloneEqualsItInABatch) {
     const DeviceSummaries alone = run_device(row, vocab, {tasks[r]});
     EXPECT_EQ(std::memcmp(&alone.totals[0], &batch.totals[r], sizeof(RowTotals)), 0) << "row " << r;
     EXPECT_EQ(alone.rows[0].ids, batch.rows[r].ids) << "row " << r;
+  }
+}
+
+// The next call's tokens picked on the device from the summaries (take_picks) are what
+// the host's choose takes from them, for greedy and whole-row rows, and each hash layer's
+// experts for them are tid2eid's; rows without a source keep what they held. 300 rows
+// (across the kernel's 128-thread blocks), sources in a shuffled order, every fourth row
+// without one; tokens and experts poisoned first.
+TEST(CudaSampling, PicksOnTheDeviceAreTheHostsChoices) {
+  const int64_t vocab = 5003, rows = 300;
+  const int hash_layers = 2, k = 6;
+  const std::vector<float> logits = random_normal(rows * vocab, 19, 2.5f);
+  std::vector<RowChoice> choices;
+  for (int64_t r = 0; r < rows; ++r) {
+    choices.push_back(r % 2 ? RowChoice{{.temperature = 0.9f, .min_p = r % 3 ? 0.0f : 0.05f, .seed = 5},
+                                        static_cast<uint64_t>(r), 1}
+                            : RowChoice{{.temperature = 0.0f}, 0, 1 + static_cast<int>(r % 4)});
+  }
+  std::vector<SummaryTask> tasks;
+  int stride = 1;
+  for (const RowChoice& c : choices) {
+    tasks.push_back(summary_task(c));
+    stride = std::max(stride, tasks.back().candidates);
+  }
+  std::mt19937 rng(4);
+  std::vector<int32_t> tid2eid(static_cast<size_t>(hash_layers * vocab * k));
+  for (auto& e : tid2eid) e = static_cast<int32_t>(rng() % 256);
+  std::vector<int64_t> order(rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> sources(rows, -1);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r % 4 != 3) sources[r] = pick_source(order[r], pick_kind(choices[order[r]].params));
+  }
+
+  DeviceScope scope;
+  const float* d_logits = scope.copy(logits);
+  const SummaryTask* d_tasks = scope.copy(tasks);
+  auto* d_totals = scope.copy(std::vector<RowTotals>(rows));
+  auto* d_ids = scope.copy(std::vector<int32_t>(rows * stride));
+  auto* d_values = scope.copy(std::vector<float>(rows * stride));
+  auto* d_scratch = scope.copy(std::vector<uint8_t>(summary_scratch_bytes(rows, vocab)));
+  const int32_t* d_sources = scope.copy(sources);
+  const int32_t* d_tid2eid = scope.copy(tid2eid);
+  auto* d_tokens = scope.copy(std::vector<int32_t>(rows, -7));
+  auto* d_hashed = scope.copy(std::vector<int32_t>(static_cast<size_t>(hash_layers * rows * k), -7));
+  summarize_rows(d_logits, rows, vocab, d_tasks, stride, d_totals, d_ids, d_values, d_scratch);
+  take_picks(d_totals, d_ids, stride, d_sources, rows, vocab, d_tid2eid, hash_layers, k, d_tokens, d_hashed);
+  const std::vector<RowTotals> totals = host_copy(d_totals, rows);
+  const std::vector<int32_t> ids = host_copy(d_ids, rows * stride);
+  const std::vector<float> values = host_copy(d_values, rows * stride);
+  const std::vector<int32_t> tokens = host_copy(d_tokens, rows);
+  const std::vector<int32_t> hashed = host_copy(d_hashed, hash_layers * rows * k);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (sources[r] < 0) {
+      EXPECT_EQ(tokens[r], -7) << "row " << r;
+      for (int h = 0; h < hash_layers; ++h) EXPECT_EQ(hashed[(h * rows + r) * k], -7) << "row " << r;
+      continue;
+    }
+    const int64_t from = order[r];
+    const RowSummary summary = row_summary(totals[from], ids.data() + from * stride, values.data() + from * stride, vocab);
+    ASSERT_TRUE(summary_suffices(choices[from].params, summary)) << "row " << r;
+    const int32_t want = choose(choices[from].params, choices[from].draw, summary);
+    ASSERT_EQ(tokens[r], want) << "row " << r;
+    for (int h = 0; h < hash_layers; ++h) {
+      for (int e = 0; e < k; ++e) {
+        EXPECT_EQ(hashed[(h * rows + r) * k + e], tid2eid[(h * vocab + want) * k + e]) << "row " << r << ", layer " << h;
+      }
+    }
   }
 }
 

@@ -68,7 +68,8 @@ void print_stages(const std::map<std::string, double>& stages, int steps, const 
 // with one token per sequence. The best of `runs`.
 struct BatchedDecode {
   int batch = 0, prompt = 0, steps = 0;
-  double step_seconds = 0;
+  double step_seconds = 0;         // pipelined steps (timed_decode)
+  double waited_step_seconds = 0;  // each step's tokens back before the next
   double comm_seconds = 0;  // per step, several GPUs: the MoE all-reduces
   double tokens_per_second() const { return batch / step_seconds; }
 };
@@ -82,6 +83,34 @@ std::vector<int32_t> greedy_step(Executor& executor, std::span<const SequenceChu
   return next;
 }
 
+// Seconds for `steps` greedy decode steps of `sequences`, one batched call a step, the
+// first running `first` (a token each). Pipelined, each step's tokens are picked on the
+// device from the step before's summaries and the host reads them a step late
+// (Executor::begin_choices); waited, each step's tokens come back before the next step
+// is enqueued.
+double timed_decode(Executor& executor, std::span<SequenceState* const> sequences, std::span<const int32_t> first,
+                    int steps, bool pipelined) {
+  const size_t n = sequences.size();
+  const std::vector<std::optional<RowChoice>> choices(n, RowChoice{});
+  std::vector<int32_t> next(first.begin(), first.end());
+  std::vector<SequenceChunk> chunks(n);
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < steps; ++step) {
+    for (size_t i = 0; i < n; ++i) {
+      const bool picked = pipelined && step > 0;
+      chunks[i] = {sequences[i], picked ? std::span<const int32_t>{} : std::span(&next[i], 1), picked ? static_cast<int>(i) : -1};
+    }
+    if (!pipelined) {
+      next = greedy_step(executor, chunks);
+      continue;
+    }
+    executor.begin_choices(chunks, choices);
+    if (step > 0) executor.finish_choices();  // the step before's summaries (its tokens are on the device)
+  }
+  if (pipelined) executor.finish_choices();
+  return seconds_since(start);
+}
+
 BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch, int prompt, int steps, int runs,
                              bool profile) {
   if (batch < 1 || prompt < 1 || steps < 1) {
@@ -93,16 +122,19 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
   for (auto& p : prompts) {
     for (auto& id : p) id = static_cast<int32_t>(rng() % c.vocab_size);
   }
-  BatchedDecode result{batch, prompt, steps, 1e30};
-  for (int r = 0; r < runs + (profile ? 1 : 0); ++r) {
-    const bool profiled = r == runs;  // an extra run, not timed
+  BatchedDecode result{batch, prompt, steps, 1e30, 1e30};
+  // Each run decodes pipelined, then waited, each on fresh sequences.
+  for (int r = 0; r < 2 * runs + (profile ? 1 : 0); ++r) {
+    const bool profiled = r == 2 * runs, pipelined = r % 2 == 0 && !profiled;  // profiled: an extra run, not timed
     std::vector<std::unique_ptr<SequenceState>> sequences;
+    std::vector<SequenceState*> held;
     std::vector<int32_t> next(batch);
     for (int first = 0; first < batch;) {
       const int count = std::max(1, std::min(batch - first, kPrefillRows / prompt));
       std::vector<SequenceChunk> chunks;
       for (int i = first; i < first + count; ++i) {
         sequences.push_back(executor.new_sequence());
+        held.push_back(sequences.back().get());
         chunks.push_back({sequences.back().get(), prompts[i]});
       }
       const std::vector<int32_t> chosen = greedy_step(executor, chunks);
@@ -111,16 +143,13 @@ BatchedDecode batched_decode(Executor& executor, const ModelConfig& c, int batch
     }
     executor.set_profiling(profiled);
     executor.reset_communication();
-    const auto start = std::chrono::steady_clock::now();
-    for (int step = 0; step < steps; ++step) {
-      std::vector<SequenceChunk> chunks;
-      for (int i = 0; i < batch; ++i) chunks.push_back({sequences[i].get(), std::span(&next[i], 1)});
-      next = greedy_step(executor, chunks);
-    }
+    const double s = timed_decode(executor, held, next, steps, pipelined) / steps;
     if (profiled) {
       print_stages(executor.profile(), steps, fmt::format("batch of {}: decode step time by stage", batch), "step");
       executor.set_profiling(false);
-    } else if (const double s = seconds_since(start) / steps; s < result.step_seconds) {
+    } else if (!pipelined) {
+      result.waited_step_seconds = std::min(result.waited_step_seconds, s);
+    } else if (s < result.step_seconds) {
       result.step_seconds = s;
       result.comm_seconds = executor.communication_seconds() / steps;
     }
@@ -199,17 +228,21 @@ void add_bench(CLI::App& app) {
     std::vector<int32_t> prompt(o->prompt);
     for (auto& id : prompt) id = static_cast<int32_t>(rng() % c.vocab_size);
 
-    double prefill_s = 1e30, decode_s = 1e30, decode_comm_s = 0;
-    for (int r = 0; r < o->runs; ++r) {
+    // Each run prefills and decodes pipelined, then again decoding waited (timed_decode).
+    double prefill_s = 1e30, decode_s = 1e30, waited_decode_s = 1e30, decode_comm_s = 0;
+    for (int r = 0; r < 2 * o->runs; ++r) {
+      const bool pipelined = r % 2 == 0;
       runner.reset();
       Sampler greedy({});
-      auto start = std::chrono::steady_clock::now();
-      int32_t next = runner.next(prompt, greedy);
+      const auto start = std::chrono::steady_clock::now();
+      const int32_t next = runner.next(prompt, greedy);
       prefill_s = std::min(prefill_s, seconds_since(start));
       runner.executor().reset_communication();
-      start = std::chrono::steady_clock::now();
-      for (int i = 0; i < o->decode; ++i) next = runner.next(std::span(&next, 1), greedy);
-      if (const double s = seconds_since(start); s < decode_s) {
+      SequenceState* sequence = &runner.sequence();
+      const double s = timed_decode(runner.executor(), std::span(&sequence, 1), std::span(&next, 1), o->decode, pipelined);
+      if (!pipelined) {
+        waited_decode_s = std::min(waited_decode_s, s);
+      } else if (s < decode_s) {
         decode_s = s;
         decode_comm_s = runner.executor().communication_seconds();
       }
@@ -251,6 +284,7 @@ void add_bench(CLI::App& app) {
     const double comm_per_step = decode_comm_s / o->decode;
     const double comm_floor = runner.executor().all_reduce_floor(c.hidden_size) * c.num_hidden_layers;
     const double prefill_tps = o->prompt / prefill_s, decode_tps = o->decode / decode_s;
+    const double waited_decode_tps = o->decode / waited_decode_s;
     const double bytes = static_cast<double>(model.decode_bytes_per_token());
     const double achieved = bytes * decode_tps;
     if (o->json) {
@@ -267,23 +301,29 @@ void add_bench(CLI::App& app) {
                                     length / seconds * flops_per_token / 1e12);
       }
       for (const BatchedDecode& b : batched) {
-        batched_json += fmt::format("{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}, \"comm_ms\": {:.4f}}}",
-                                    batched_json.empty() ? "" : ", ", b.batch, b.prompt, b.tokens_per_second(),
-                                    b.step_seconds * 1e3, b.comm_seconds * 1e3);
+        batched_json += fmt::format(
+            "{}{{\"batch\": {}, \"prompt_tokens\": {}, \"tok_s\": {:.2f}, \"step_ms\": {:.4f}, "
+            "\"waited_step_ms\": {:.4f}, \"comm_ms\": {:.4f}}}",
+            batched_json.empty() ? "" : ", ", b.batch, b.prompt, b.tokens_per_second(), b.step_seconds * 1e3,
+            b.waited_step_seconds * 1e3, b.comm_seconds * 1e3);
       }
       fmt::print(
           "{{\"device\": \"{}\", \"prompt_tokens\": {}, \"prefill_tok_s\": {:.2f}, \"decode_tokens\": {}, "
-          "\"decode_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
+          "\"decode_tok_s\": {:.2f}, \"decode_waited_tok_s\": {:.2f}, \"decode_weight_bytes\": {}, \"decode_gb_s\": {:.3f}, "
           "\"memory_read_gb_s\": {:.3f}, \"bandwidth_share\": {:.4f}, \"decode_comm_ms\": {:.4f}, "
           "\"decode_comm_floor_ms\": {:.4f}, \"batched\": [{}], \"prefill\": [{}], \"speculative\": [{}]}}\n",
-          runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, bytes, achieved / 1e9, bandwidth / 1e9,
+          runner.executor().device(), o->prompt, prefill_tps, o->decode, decode_tps, waited_decode_tps, bytes,
+          achieved / 1e9, bandwidth / 1e9,
           achieved / bandwidth, comm_per_step * 1e3, comm_floor * 1e3, batched_json, prefill_json, speculative_json);
       return;
     }
     fmt::print("device                  {}\n", runner.executor().device());
     fmt::print("prefill                 {:.1f} tok/s ({} tokens, one call)\n", prefill_tps, o->prompt);
-    fmt::print("decode                  {:.2f} tok/s = {:.3f} ms/token ({} steps after the prompt)\n", decode_tps,
-               1e3 / decode_tps, o->decode);
+    fmt::print("decode                  {:.2f} tok/s = {:.3f} ms/token ({} steps after the prompt, pipelined: each "
+               "enqueued before the token of the one before is back)\n",
+               decode_tps, 1e3 / decode_tps, o->decode);
+    fmt::print("decode, steps waited    {:.2f} tok/s = {:.3f} ms/token (each step's token back before the next)\n",
+               waited_decode_tps, 1e3 / waited_decode_tps);
     fmt::print("decode weight bytes     {:.1f} MiB per token\n", bytes / 1048576.0);
     fmt::print("decode weight traffic   {:.2f} GB/s\n", achieved / 1e9);
     fmt::print("memory bandwidth        {:.2f} GB/s (measured now, {} MiB buffer; GPU: copy, read + write)\n",
@@ -317,8 +357,10 @@ void add_bench(CLI::App& app) {
       const std::string comm = b.comm_seconds > 0 ? fmt::format("; all-reduces {:.3f} ms = {:.1f}% of the step",
                                                                 b.comm_seconds * 1e3, 100 * b.comm_seconds / b.step_seconds)
                                                   : "";
-      fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps; {}-token prompts{})\n", b.batch,
-                 b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.prompt, comm);
+      fmt::print("batched decode {:>4}     {:.1f} tok/s = {:.3f} ms per step ({} steps, pipelined; {:.3f} ms waited; "
+                 "{}-token prompts{})\n",
+                 b.batch, b.tokens_per_second(), b.step_seconds * 1e3, b.steps, b.waited_step_seconds * 1e3, b.prompt,
+                 comm);
     }
     for (const SpeculativeRun& r : speculative) {
       fmt::print("speculative decode {}    {:.2f} tok/s = {:.2f}x plain decode; {:.1f}% of drafts accepted, {:.2f} tokens "

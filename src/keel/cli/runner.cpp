@@ -66,6 +66,11 @@ class GpuExecutor final : public Executor {
       std::span<const SequenceChunk> batch, std::span<const std::optional<RowChoice>> choices) const override {
     return model_->forward(device_chunks(batch), choices);
   }
+  void begin_choices(std::span<const SequenceChunk> batch,
+                     std::span<const std::optional<RowChoice>> choices) const override {
+    model_->begin(device_chunks(batch), choices);
+  }
+  std::vector<std::optional<RowSummary>> finish_choices() const override { return model_->finish(); }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   std::unique_ptr<SpeculativeTarget> speculative_target() const override {
@@ -89,7 +94,9 @@ class GpuExecutor final : public Executor {
  private:
   static std::vector<cuda::DeviceChunk> device_chunks(std::span<const SequenceChunk> batch) {
     std::vector<cuda::DeviceChunk> chunks;
-    for (const SequenceChunk& c : batch) chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens});
+    for (const SequenceChunk& c : batch) {
+      chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens, c.pick_of});
+    }
     return chunks;
   }
 

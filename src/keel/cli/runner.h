@@ -44,6 +44,7 @@ class Runner {
     executor_.forward_choices(std::span(&chunk, 1), std::span(&none, 1));
   }
   int64_t length() const { return sequence_->length(); }
+  SequenceState& sequence() { return *sequence_; }
   Executor& executor() { return executor_; }
 
  private:

@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "base/error.h"
 #include "cuda/attention.h"
@@ -243,6 +247,10 @@ struct Pinned {
     }
     return data;
   }
+  void swap(Pinned& other) noexcept {
+    std::swap(data, other.data);
+    std::swap(size, other.size);
+  }
 };
 
 // Intermediate buffers, grown as needed and kept between calls.
@@ -250,6 +258,14 @@ struct GpuModel::Workspace {
   Pinned<float> logits_host;
   Pinned<uint8_t> sample_host;
   Staging stage;
+  // The previous call's, which may not have run yet (pipelined decode): each call turns.
+  Pinned<uint8_t> spare_sample_host;
+  Staging spare_stage;
+  void turn() {
+    sample_host.swap(spare_sample_host);
+    stage.swap(spare_stage);
+    stage.reset();
+  }
   std::unique_ptr<StageTimer> timer;  // when profiling
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<int64_t> positions;
@@ -261,6 +277,7 @@ struct GpuModel::Workspace {
   DeviceBuffer<float> scores, route_weights, g, up, expert_out, shared_g, shared_up, shared_out, head_streams, head_in;
   DeviceBuffer<float> logits, head_scratch;
   DeviceBuffer<int32_t> route_experts, hashed, pair_scratch;
+  DeviceBuffer<int32_t> pick_sources;  // a pipelined call's rows: cuda::pick_source of the call before, or -1
   struct ClosingBuffers {  // one compressor's gathered rows and pooled entries (close_windows)
     DeviceBuffer<float> kv, gate, pooled;
   };
@@ -1307,6 +1324,12 @@ std::unique_ptr<GpuModel> GpuModel::create(const Model& model, int device, const
     upload_floats(m->mtp_->hc_base, w.hc_head.base);
     upload_floats(m->mtp_->hc_scale, w.hc_head.scale);
   }
+  std::vector<int32_t> tid2eid;  // in hash-slot order, as the layers were numbered
+  for (const Layer& L : m->layers_) {
+    if (L.tid2eid) tid2eid.insert(tid2eid.end(), L.tid2eid->begin(), L.tid2eid->end());
+  }
+  m->hash_layers_ = hash_layers;
+  m->tid2eid_.assign(std::span<const int32_t>(tid2eid));
   m->rope_main_ = upload(Rope(c.rope_main));
   m->rope_compress_ = upload(Rope(c.rope_compress));
   check_api(cudaDeviceSynchronize(), "weights upload");
@@ -1521,9 +1544,11 @@ class Pieces {
 
 // The call's host-made inputs, uploaded before any launch (the pieces only read them):
 // each row's token and position, each hash layer's experts for each row (tid2eid looked
-// up here, [hash layers, rows, k]) and the output projection's group of each pair.
+// up here, [hash layers, rows, k]), the output projection's group of each pair, and for
+// the rows whose token the device picks (sources >= 0), where it picks them from.
 void upload_inputs(const ModelConfig& c, std::span<const GpuModel::Layer> layers, GpuModel::Workspace& ws,
-                   std::span<const int32_t> tokens, std::span<const int64_t> positions, cudaStream_t stream) {
+                   std::span<const int32_t> tokens, std::span<const int64_t> positions,
+                   std::span<const int32_t> sources, cudaStream_t stream) {
   const int64_t S = static_cast<int64_t>(tokens.size()), k = c.num_experts_per_tok, G = c.o_groups;
   std::vector<CopyJob> jobs;  // into buffers whose addresses decode graphs keep
   add_upload(jobs, ws.stage, ws.tokens, tokens);
@@ -1538,7 +1563,117 @@ void upload_inputs(const ModelConfig& c, std::span<const GpuModel::Layer> layers
   std::vector<int32_t> groups(S * G);
   for (int64_t p = 0; p < S * G; ++p) groups[p] = static_cast<int32_t>(p % G);
   add_upload(jobs, ws.stage, ws.group_ids, std::span<const int32_t>(groups));
+  if (!sources.empty()) add_upload(jobs, ws.stage, ws.pick_sources, sources);
   copy_now(ws.stage, jobs, stream);
+}
+
+}  // namespace
+
+namespace {
+
+// Where a call's sampling summaries are: on the device, where the next call's picks read
+// them, and in the copy back on the host (the same layout: totals, ids, values).
+struct SummaryRows {
+  const RowTotals* totals = nullptr;
+  const int32_t* ids = nullptr;
+  int stride = 1;
+  const uint8_t* host = nullptr;  // null: the rows were not summarized on the device
+  size_t totals_bytes = 0, list_bytes = 0;
+};
+
+using EventHandle = std::unique_ptr<CUevent_st, decltype(&cudaEventDestroy)>;
+
+EventHandle record_event(cudaStream_t stream) {
+  cudaEvent_t e = nullptr;
+  check_api(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  EventHandle handle(e, &cudaEventDestroy);
+  check_api(cudaEventRecord(e, stream), "cudaEventRecord");
+  return handle;
+}
+
+}  // namespace
+
+// A call begun (GpuModel::begin) and not yet finished.
+struct GpuModel::Begun {
+  std::vector<size_t> chosen;      // the chunks with a choice, in summary-row order
+  std::vector<RowChoice> choices;  // theirs
+  std::vector<int32_t> sources;    // each chunk's pick_source for the next call; -1: none there
+  bool draws_on_host = false;      // a row draws among candidates (PickKind::candidates)
+  SummaryRows rows;
+  Workspace* ws = nullptr;
+  EventHandle done{nullptr, &cudaEventDestroy};  // passed once the summaries are back
+  std::optional<std::vector<std::optional<RowSummary>>> results;  // once collected
+};
+
+namespace {
+
+const int32_t kPickedPlaceholder[1] = {0};  // a picked row's token until the device writes it
+
+// The pick_source a chunk's one token comes from in the call before (-1: its own tokens).
+int32_t pick_source_of(const DeviceChunk& chunk, const GpuModel::Begun* before) {
+  if (chunk.pick_of < 0) return -1;
+  if (!chunk.tokens.empty()) fail(ErrorCode::usage, {}, "a chunk that takes its token from the call before has tokens too");
+  if (!before) fail(ErrorCode::usage, {}, "a chunk takes its token from the call before, but no call is begun");
+  const auto from = static_cast<size_t>(chunk.pick_of);
+  if (from >= before->sources.size() || before->sources[from] < 0) {
+    fail(ErrorCode::usage, {},
+         fmt::format("chunk {} of the call before has no token the device picks (no choice, or a draw among "
+                     "candidates, which the host makes)",
+                     chunk.pick_of));
+  }
+  return before->sources[from];
+}
+
+// The summaries of the workspace's first choices.size() rows of logits by the device's
+// sampling kernel, and their copy back (not waited for).
+SummaryRows enqueue_summaries(decltype(&cuda::summarize_rows) sample, GpuModel::Workspace& ws,
+                              std::span<const RowChoice> choices, int64_t V, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(choices.size());
+  if (ws.timer) ws.timer->mark("sampling summaries", stream);
+  std::vector<SummaryTask> tasks;
+  int stride = 1;
+  for (const RowChoice& choice : choices) {
+    tasks.push_back(summary_task(choice));
+    tasks.back().candidates = std::min(tasks.back().candidates, kMaxCandidates);
+    stride = std::max(stride, tasks.back().candidates);
+  }
+  const SummaryTask* staged_tasks = ws.stage.stage(std::span<const SummaryTask>(tasks));
+  ws.stage.flush(stream);
+  // Totals, ids and values in one buffer: one copy back. The kernels' scratch after them.
+  SummaryRows r{.stride = stride, .totals_bytes = n * sizeof(RowTotals), .list_bytes = n * stride * sizeof(int32_t)};
+  const size_t bytes = r.totals_bytes + 2 * r.list_bytes, scratch_at = (bytes + 15) / 16 * 16;
+  ws.sample_out.resize(scratch_at + cuda::summary_scratch_bytes(n, V));
+  uint8_t* out_device = ws.sample_out.data();
+  r.totals = reinterpret_cast<const RowTotals*>(out_device);
+  r.ids = reinterpret_cast<const int32_t*>(out_device + r.totals_bytes);
+  sample(ws.logits.data(), n, V, staged_tasks, stride, reinterpret_cast<RowTotals*>(out_device),
+         reinterpret_cast<int32_t*>(out_device + r.totals_bytes),
+         reinterpret_cast<float*>(out_device + r.totals_bytes + r.list_bytes), out_device + scratch_at, stream);
+  uint8_t* host = ws.sample_host.grow(bytes);
+  check_api(cudaMemcpyAsync(host, out_device, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  r.host = host;
+  return r;
+}
+
+// The summaries enqueue_summaries copied back (after they have arrived); a row whose
+// summary does not suffice is summarized again from its logits, still in the workspace.
+std::vector<RowSummary> read_summaries(const SummaryRows& r, std::span<const RowChoice> choices,
+                                       GpuModel::Workspace& ws, int64_t V) {
+  const auto* totals = reinterpret_cast<const RowTotals*>(r.host);
+  const auto* ids = reinterpret_cast<const int32_t*>(r.host + r.totals_bytes);
+  const auto* values = reinterpret_cast<const float*>(r.host + r.totals_bytes + r.list_bytes);
+  std::vector<RowSummary> out;
+  std::vector<float> row;
+  for (size_t j = 0; j < choices.size(); ++j) {
+    RowSummary s = row_summary(totals[j], ids + j * r.stride, values + j * r.stride, V);
+    if (!summary_suffices(choices[j].params, s)) {  // rare: a top-p mass beyond the candidates
+      row.resize(static_cast<size_t>(V));
+      check_api(cudaMemcpy(row.data(), ws.logits.data() + j * V, V * kF, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      s = summarize_for(row, choices[j]);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 }  // namespace
@@ -1548,22 +1683,27 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   const ModelConfig& c = config();
   // Every chunk is checked before any state changes: a bad one fails the call alone.
   std::vector<Part> parts;
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens, sources;  // sources: each row's pick_source in the call before, or -1
   std::vector<int64_t> positions;
+  const Begun* before = begun_.empty() ? nullptr : &begun_.back();
   for (size_t i = 0; i < batch.size(); ++i) {
     const DeviceChunk& chunk = batch[i];
     if (!chunk.sequence) fail(ErrorCode::usage, {}, "a batched forward chunk has no sequence");
     for (const Part& p : parts) {
       if (p.sequence == chunk.sequence) fail(ErrorCode::usage, {}, "a sequence appears twice in one batched forward");
     }
-    check_tokens(c, chunk.sequence->length, chunk.tokens);
-    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    const int32_t source = pick_source_of(chunk, before);
+    const std::span<const int32_t> chunk_tokens = source >= 0 ? std::span<const int32_t>(kPickedPlaceholder) : chunk.tokens;
+    check_tokens(c, chunk.sequence->length, chunk_tokens);
+    const int64_t n = static_cast<int64_t>(chunk_tokens.size());
     if (head_rows[i] < 0 || head_rows[i] > n) fail(ErrorCode::usage, {}, "a chunk's logit rows are not among its tokens");
     parts.push_back({chunk.sequence, chunk.sequence->length, static_cast<int64_t>(tokens.size()), n});
-    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+    tokens.insert(tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
+    sources.insert(sources.end(), static_cast<size_t>(n), source);
     for (int64_t t = 0; t < n; ++t) positions.push_back(chunk.sequence->length + t);
   }
   if (parts.empty()) return 0;
+  const bool picks = std::any_of(sources.begin(), sources.end(), [](int32_t r) { return r >= 0; });
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   const Kernels& top = *top_kernels_;
   top.check(plan_.arch);
@@ -1577,6 +1717,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   DecodeGraphs* graphs = bucket ? graphs_.get() : nullptr;
   if (graphs) {
     tokens.resize(static_cast<size_t>(bucket), tokens.front());
+    sources.resize(static_cast<size_t>(bucket), sources.front());
     positions.resize(static_cast<size_t>(bucket), positions.front());
   }
   Workspace& ws = graphs ? graphs->work : *work_;
@@ -1584,8 +1725,17 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
   const int64_t S = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size;
   const HyperParams hp = hyper_params(c);
 
-  ws.stage.reset();  // the last call's copies are done: every call ends by synchronizing
-  upload_inputs(c, layers_, ws, tokens, positions, stream_);
+  // The staging and summary memory the call before this one used may still be read
+  // (a pipelined call); the call before that one has finished. So the first flush (on the
+  // side stream, into this call's staging) need not wait for the call before.
+  ws.turn();
+  upload_inputs(c, layers_, ws, tokens, positions, picks ? std::span<const int32_t>(sources) : std::span<const int32_t>{},
+                stream_);
+  if (picks) {  // the tokens (and hash layers' experts) the call before chose, on the device
+    const SummaryRows& from = before->rows;
+    take_picks(from.totals, from.ids, from.stride, ws.pick_sources.data(), S, c.vocab_size,
+               tid2eid_.data(), hash_layers_, c.num_experts_per_tok, ws.tokens.data(), ws.hashed.data(), stream_);
+  }
   grow(ws.streams, S * hp.hc * D);
   const auto step = [&](int l) {
     const DeviceRope& rope = c.attention[l] == AttentionKind::sliding ? rope_main_ : rope_compress_;
@@ -1678,6 +1828,7 @@ const float* GpuModel::copy_back_logits(int64_t rows) const {
 }
 
 std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> batch, LogitRows which) const {
+  require_idle("a forward call");
   std::vector<int64_t> head_rows;
   for (const DeviceChunk& chunk : batch) {
     head_rows.push_back(which == LogitRows::last ? std::min<int64_t>(1, static_cast<int64_t>(chunk.tokens.size()))
@@ -1698,24 +1849,82 @@ std::vector<std::vector<float>> GpuModel::forward(std::span<const DeviceChunk> b
 
 std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceChunk> batch,
                                                          std::span<const std::optional<RowChoice>> choices) const {
+  require_idle("a forward call");
+  begin(batch, choices);
+  return finish();
+}
+
+void GpuModel::require_idle(const char* what) const {
+  if (!begun_.empty()) fail(ErrorCode::usage, {}, fmt::format("{} while a begun call is not finished", what));
+}
+
+void GpuModel::begin(std::span<const DeviceChunk> batch, std::span<const std::optional<RowChoice>> choices) const {
   if (choices.size() != batch.size()) fail(ErrorCode::usage, {}, "a batched forward needs one choice (or none) per chunk");
+  if (begun_.size() >= 2) fail(ErrorCode::usage, {}, "two calls are begun and not finished: finish one first");
+  // A call whose rows draw among candidates may need its logits again (a summary that
+  // does not suffice), and this call overwrites them: it is finished first.
+  if (!begun_.empty() && !begun_.back().results && begun_.back().draws_on_host) collect(begun_.back());
+  Begun call;
+  if (batch.empty()) {
+    call.results.emplace();
+    begun_.push_back(std::move(call));
+    return;
+  }
+  call.sources.assign(batch.size(), -1);
   std::vector<int64_t> head_rows;
-  std::vector<size_t> chosen;  // the chunks with a choice, in row order
   for (size_t i = 0; i < batch.size(); ++i) {
-    head_rows.push_back(choices[i] && !batch[i].tokens.empty() ? 1 : 0);
-    if (head_rows.back()) chosen.push_back(i);
+    const bool tokens = !batch[i].tokens.empty() || batch[i].pick_of >= 0;
+    head_rows.push_back(choices[i] && tokens ? 1 : 0);
+    if (!head_rows.back()) continue;
+    call.chosen.push_back(i);
+    call.choices.push_back(*choices[i]);
   }
   const int64_t n = run(batch, head_rows);
-  std::vector<std::optional<RowSummary>> out(batch.size());
-  if (n == 0) {
-    if (!batch.empty()) end_call();
-    return out;
+  call.ws = call_;
+  if (n > 0 && top_kernels_->sample) {  // summarized on the device, copied back at the end
+    call.rows = enqueue_summaries(top_kernels_->sample, *call.ws, call.choices, config().vocab_size, stream_);
+    for (size_t j = 0; j < call.chosen.size(); ++j) {
+      const PickKind kind = pick_kind(call.choices[j].params);
+      if (kind == PickKind::candidates) call.draws_on_host = true;
+      else call.sources[call.chosen[j]] = pick_source(static_cast<int64_t>(j), kind);
+    }
   }
-  std::vector<RowChoice> row_choices;
-  for (const size_t i : chosen) row_choices.push_back(*choices[i]);
-  std::vector<RowSummary> rows = summarize_logits(*top_kernels_, row_choices);
-  for (size_t j = 0; j < chosen.size(); ++j) out[chosen[j]] = std::move(rows[j]);
+  call.done = record_event(stream_);
+  begun_.push_back(std::move(call));
+  // The host sampler's rows come back whole; profiling times each call alone.
+  if ((n > 0 && !top_kernels_->sample) || begun_.back().ws->timer) collect(begun_.back());
+}
+
+std::vector<std::optional<RowSummary>> GpuModel::finish() const {
+  if (begun_.empty()) fail(ErrorCode::usage, {}, "finish: no call is begun");
+  if (!begun_.front().results) collect(begun_.front());
+  std::vector<std::optional<RowSummary>> out = std::move(*begun_.front().results);
+  begun_.erase(begun_.begin());
   return out;
+}
+
+void GpuModel::collect(Begun& call) const {
+  Workspace& ws = *call.ws;
+  call_ = &ws;
+  std::vector<RowSummary> rows;
+  if (call.chosen.empty()) {
+    end_call();
+  } else if (!call.rows.host) {  // the plan chose the host sampler: every row comes back
+    const int64_t n = static_cast<int64_t>(call.chosen.size()), V = config().vocab_size;
+    const float* logits = copy_back_logits(n);
+    for (int64_t j = 0; j < n; ++j) rows.push_back(summarize_for(std::span(logits + j * V, V), call.choices[j]));
+  } else {
+    if (ws.timer) end_call();
+    else check_api(cudaEventSynchronize(call.done.get()), "cudaEventSynchronize");
+    rows = read_summaries(call.rows, call.choices, ws, config().vocab_size);
+    for (size_t j = 0; j < rows.size(); ++j) {
+      if (call.sources[call.chosen[j]] >= 0 && !summary_suffices(call.choices[j].params, rows[j])) {
+        throw std::runtime_error("a pipelined step's device pick was not a token (its row's summary has none)");
+      }
+    }
+  }
+  call.results.emplace(call.sources.size());
+  for (size_t j = 0; j < rows.size(); ++j) (*call.results)[call.chosen[j]] = std::move(rows[j]);
 }
 
 std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span<const RowChoice> choices) const {
@@ -1726,48 +1935,16 @@ std::vector<RowSummary> GpuModel::summarize_logits(const Kernels& top, std::span
     for (int64_t j = 0; j < n; ++j) out.push_back(summarize_for(std::span(logits + j * V, V), choices[j]));
     return out;
   }
-  Workspace& ws = *call_;
-  if (ws.timer) ws.timer->mark("sampling summaries", stream_);
-  std::vector<SummaryTask> tasks;
-  int stride = 1;
-  for (const RowChoice& choice : choices) {
-    tasks.push_back(summary_task(choice));
-    tasks.back().candidates = std::min(tasks.back().candidates, kMaxCandidates);
-    stride = std::max(stride, tasks.back().candidates);
-  }
-  const SummaryTask* staged_tasks = ws.stage.stage(std::span<const SummaryTask>(tasks));
-  ws.stage.flush(stream_);
-  // Totals, ids and values in one buffer: one copy back. The kernels' scratch after them.
-  const size_t totals_bytes = n * sizeof(RowTotals), list_bytes = n * stride * sizeof(int32_t);
-  const size_t bytes = totals_bytes + 2 * list_bytes, scratch_at = (bytes + 15) / 16 * 16;
-  ws.sample_out.resize(scratch_at + cuda::summary_scratch_bytes(n, V));
-  uint8_t* out_device = ws.sample_out.data();
-  top.sample(ws.logits.data(), n, V, staged_tasks, stride, reinterpret_cast<RowTotals*>(out_device),
-             reinterpret_cast<int32_t*>(out_device + totals_bytes),
-             reinterpret_cast<float*>(out_device + totals_bytes + list_bytes), out_device + scratch_at, stream_);
-  uint8_t* host = ws.sample_host.grow(bytes);
-  check_api(cudaMemcpyAsync(host, out_device, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-  const auto* totals = reinterpret_cast<const RowTotals*>(host);
-  const auto* ids = reinterpret_cast<const int32_t*>(host + totals_bytes);
-  const auto* values = reinterpret_cast<const float*>(host + totals_bytes + list_bytes);
+  const SummaryRows rows = enqueue_summaries(top.sample, *call_, choices, V, stream_);
   end_call();
-  std::vector<float> row;
-  for (int64_t j = 0; j < n; ++j) {
-    RowSummary s = row_summary(totals[j], ids + j * stride, values + j * stride, V);
-    if (!summary_suffices(choices[j].params, s)) {  // rare: a top-p mass beyond the candidates
-      row.resize(static_cast<size_t>(V));
-      check_api(cudaMemcpy(row.data(), ws.logits.data() + j * V, V * kF, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      s = summarize_for(row, choices[j]);
-    }
-    out.push_back(std::move(s));
-  }
-  return out;
+  return read_summaries(rows, choices, *call_, V);
 }
 
 // --- The MTP layer and speculative decoding ---------------------------------------------
 
 RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<const int32_t> next_tokens,
                            const RowChoice& choice, DeviceBuffer<float>& out_streams) const {
+  require_idle("a draft");
   if (!has_draft_) fail(ErrorCode::usage, {}, "this model has no MTP layer to draft with");
   const ModelConfig& c = config();
   check_tokens(c, seq.draft_length + 1, next_tokens);
@@ -1785,7 +1962,7 @@ RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<
   std::vector<int64_t> positions(S);
   for (int64_t i = 0; i < S; ++i) positions[i] = seq.draft_length + i;
   ws.stage.reset();
-  upload_inputs(c, layers_, ws, next_tokens, positions, stream_);
+  upload_inputs(c, layers_, ws, next_tokens, positions, {}, stream_);
   const Step s{c, share_, k, rope_main_, ws, stream_, S};
   // e = RMSNorm(embed[t]; enorm) · e_projᵀ; each stream RMSNorm(X; hnorm) · h_projᵀ + e.
   float* e = grow(ws.head_in, S * D);
@@ -1816,6 +1993,7 @@ RowSummary GpuModel::draft(DeviceSequence& seq, const float* streams, std::span<
 std::vector<RowSummary> GpuModel::verify(DeviceSequence& seq, std::span<const int32_t> tokens,
                                          std::span<const RowChoice> choices, DeviceBuffer<float>& streams,
                                          DeviceJournal* journal) const {
+  require_idle("a verification");
   const ModelConfig& c = config();
   const int64_t n = static_cast<int64_t>(tokens.size()), head_rows = static_cast<int64_t>(choices.size());
   if (head_rows < 1 || head_rows > n) fail(ErrorCode::usage, {}, "a verification summarizes 1 .. tokens rows");
@@ -1834,6 +2012,7 @@ std::vector<RowSummary> GpuModel::verify(DeviceSequence& seq, std::span<const in
 
 void GpuModel::mark_layers(const DeviceSequence& seq, size_t first, size_t count, int64_t length, int64_t ahead,
                            DeviceMark& mark) const {
+  require_idle("a mark");
   const int64_t sw = config().sliding_window, hd = config().head_dim;
   if (ahead < 0 || ahead > sw) fail(ErrorCode::usage, {}, "a sequence mark covers 0 .. sliding_window tokens ahead");
   check_api(cudaSetDevice(device_), "cudaSetDevice");
@@ -1878,6 +2057,7 @@ void GpuModel::mark(const DeviceSequence& seq, int64_t ahead, DeviceMark& mark) 
 }
 
 void GpuModel::rewind(DeviceSequence& seq, const DeviceMark& mark, const DeviceJournal& journal, int64_t keep) const {
+  require_idle("a rewind");
   const ModelConfig& c = config();
   if (journal.layers.size() != static_cast<size_t>(c.num_hidden_layers)) {
     fail(ErrorCode::usage, {}, "a rewind needs the journal of the verification it undoes");
@@ -1908,6 +2088,7 @@ void GpuModel::mark_draft(const DeviceSequence& seq, int64_t ahead, DeviceMark& 
 }
 
 void GpuModel::rewind_draft(DeviceSequence& seq, const DeviceMark& mark) const {
+  require_idle("a rewind");
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   restore_layers(seq, static_cast<size_t>(config().num_hidden_layers), mark, 0);
   seq.draft_length = mark.length;
@@ -1915,11 +2096,13 @@ void GpuModel::rewind_draft(DeviceSequence& seq, const DeviceMark& mark) const {
 }
 
 void GpuModel::set_profiling(bool on) {
+  require_idle("turning profiling on or off");
   work_->timer = on ? std::make_unique<StageTimer>() : nullptr;
   profile_.clear();
 }
 
 void GpuModel::set_decode_graphs(bool on) {
+  require_idle("turning decode graphs on or off");
   check_api(cudaSetDevice(device_), "cudaSetDevice");
   graphs_->clear();
   graphs_->counts = {.on = on};

@@ -20,11 +20,13 @@
 //
 // Decode steps (one token per sequence, up to 256 sequences) replay CUDA graphs per
 // batch-size bucket, piecewise: each layer's attention core runs launch by launch
-// between the graphs (DecodeGraphs in the .cpp).
+// between the graphs (DecodeGraphs in the .cpp). Steps may be pipelined (begin, finish):
+// the next step is enqueued while this one runs, its tokens picked on the device.
 //
 // What is not here yet: the attention core in the graphs too (its key lists, block
 // tables and closing windows are built on the host each step), tensor-core attention
-// for decode and verify, and speculation inside the batched engine.
+// for decode and verify, and speculation inside the batched engine, which does not
+// pipeline its steps either.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -100,6 +102,9 @@ struct DeviceMark {
 struct DeviceChunk {
   DeviceSequence* sequence = nullptr;
   std::span<const int32_t> tokens;
+  // >= 0 (GpuModel::begin, tokens empty): one token, the choice of chunk `pick_of` of the
+  // call begun just before, taken on the device without first coming back.
+  int pick_of = -1;
 };
 
 // Expert parallelism (parallel/expert_parallel.h): which routed experts this model
@@ -168,6 +173,18 @@ class GpuModel {
   std::vector<std::optional<RowSummary>> forward(std::span<const DeviceChunk> batch,
                                                  std::span<const std::optional<RowChoice>> choices) const;
 
+  // --- Pipelined decode (vLLM's async scheduling) ---
+  // begin enqueues the call forward(batch, choices) makes and returns before the device
+  // has run it; finish waits for the oldest begun call and returns its summaries. A
+  // chunk of the next call may take its token from a chunk of this one (pick_of) whose
+  // choice needs no host (ops/sampling.h's PickKind): the device picks it, so the host
+  // enqueues step n + 1 while step n runs and reads each token a step late. A call with
+  // a draw among candidates is finished at the next begin (its rows may need the logits
+  // again). At most two calls are begun and not finished; every other call of this model
+  // needs none (Error(usage) otherwise).
+  void begin(std::span<const DeviceChunk> batch, std::span<const std::optional<RowChoice>> choices) const;
+  std::vector<std::optional<RowSummary>> finish() const;
+
   // --- The MTP layer and speculative decoding (model.h's counterparts) ---
   bool has_draft() const { return has_draft_; }
   // Model::draft: the MTP layer at positions draft_length .. + n − 1, row i from
@@ -206,6 +223,7 @@ class GpuModel {
   struct Workspace;
   struct DecodeGraphs;
   struct SideStream;
+  struct Begun;
 
  private:
   explicit GpuModel(const Model& host);  // in the .cpp, where the member types are complete
@@ -227,6 +245,11 @@ class GpuModel {
   // Synchronizes the stream (the next call reuses the staging memory) and collects the
   // profile.
   void end_call() const;
+  // Error(usage) naming `what` while a begun call is not finished.
+  void require_idle(const char* what) const;
+  // The begun call's summaries, once its event has passed (the rows a summary does not
+  // suffice for summarized again here from the logits).
+  void collect(Begun& call) const;
 
   const Model& host_;
   Plan plan_;
@@ -250,6 +273,9 @@ class GpuModel {
   mutable Workspace* call_ = nullptr;     // the current call's workspace: work_'s or the graphs'
   std::shared_ptr<DeviceBlockPool> pool_;
   mutable std::map<std::string, double> profile_;
+  DeviceBuffer<int32_t> tid2eid_;  // every hash layer's table, [hash layers, vocab, k], for picked tokens
+  int hash_layers_ = 0;
+  mutable std::vector<Begun> begun_;  // begun and not finished, oldest first
 };
 
 }  // namespace keel::cuda

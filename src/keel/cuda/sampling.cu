@@ -283,7 +283,45 @@ __global__ void __launch_bounds__(kThreads) summarize_kernel(const float* logits
   }
 }
 
+// A thread per row: its pick, then its experts in each hash layer.
+__global__ void take_picks_kernel(const RowTotals* totals, const int32_t* ids, int stride, const int32_t* sources,
+                                  int rows, int vocab, const int32_t* tid2eid, int hash_layers, int k, int32_t* tokens,
+                                  int32_t* hashed) {
+  const int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= rows) return;
+  const int32_t source = sources[r];
+  if (source < 0) return;
+  const int row = source >> 1;
+  int32_t token = (source & 1) ? totals[row].whole_pick : ids[static_cast<int64_t>(row) * stride];
+  if (token < 0 || token >= vocab) token = 0;
+  tokens[r] = token;
+  for (int h = 0; h < hash_layers; ++h) {
+    const int32_t* experts = tid2eid + (static_cast<int64_t>(h) * vocab + token) * k;
+    int32_t* out = hashed + (static_cast<int64_t>(h) * rows + r) * k;
+    for (int e = 0; e < k; ++e) out[e] = experts[e];
+  }
+}
+
 }  // namespace
+
+int32_t pick_source(int64_t summary_row, PickKind kind) {
+  if (kind == PickKind::candidates) throw std::logic_error("cuda::pick_source: a draw among candidates needs the host");
+  if (summary_row < 0 || summary_row >= (int64_t{1} << 30)) throw std::runtime_error("cuda::pick_source: bad row");
+  return static_cast<int32_t>(2 * summary_row + (kind == PickKind::whole_row ? 1 : 0));
+}
+
+void take_picks(const RowTotals* totals, const int32_t* ids, int stride, const int32_t* sources, int64_t rows,
+                int64_t vocab, const int32_t* tid2eid, int hash_layers, int k, int32_t* tokens, int32_t* hashed,
+                void* stream) {
+  if (rows <= 0) return;
+  if (rows > 0x7fffffff || vocab <= 0 || vocab > 0x7fffffff) throw std::runtime_error("cuda::take_picks: bad sizes");
+  constexpr int kPickThreads = 128;
+  const auto blocks = static_cast<unsigned>((rows + kPickThreads - 1) / kPickThreads);
+  take_picks_kernel<<<blocks, kPickThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      totals, ids, stride, sources, static_cast<int>(rows), static_cast<int>(vocab), tid2eid, hash_layers, k, tokens,
+      hashed);
+  check(cudaGetLastError(), "take_picks launch");
+}
 
 size_t summary_scratch_bytes(int64_t rows, int64_t vocab) {
   return static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max(chunk_count(vocab), 0)) * sizeof(ChunkTotals);
@@ -326,7 +364,8 @@ void register_sampling(Registry& registry) {
                .activations = {Activation::f32},
                .priority = 1,
                .summary = "blocks of 4096 logits for each row's maximum and normalizers, then one block per row: the best "
-                          "candidates by radix select and bitonic sort, the Gumbel-max pick; only the summary is copied back"};
+                          "candidates by radix select and bitonic sort, the Gumbel-max pick; only the summary is copied back, "
+                          "and a pipelined step's tokens are picked from it on the device"};
   registry.add(std::move(k.with_entry(&summarize_rows)));
 }
 

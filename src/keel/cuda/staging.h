@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cuda/device_buffer.h"
@@ -20,8 +21,9 @@ namespace keel::cuda {
 // where the values will be, flush() moves everything staged since the last flush, in
 // one launch a chunk. A small copy costs the stream about the same whatever its size
 // (3 us by kernel, 3 to 10 by DMA; docs/perf.md), so an attention core stages all it
-// needs and flushes once. Chunks are reused once the call has ended (its final copy
-// back synchronizes the stream).
+// needs and flushes once. Chunks are reused once the call has ended: its final copy
+// back synchronizes the stream, or (a pipelined call) the next call stages into another
+// Staging (swap).
 class Staging {
  public:
   // A flush of more bytes of a chunk than this goes by DMA (measured up to 256 KB: the kernel wins).
@@ -32,6 +34,12 @@ class Staging {
   Staging& operator=(const Staging&) = delete;
   ~Staging() {
     for (const Chunk& c : chunks_) cudaFreeHost(c.host), cudaFree(c.device);
+  }
+  void swap(Staging& other) noexcept {
+    std::swap(chunks_, other.chunks_);
+    std::swap(current_, other.current_);
+    std::swap(flushed_chunk_, other.flushed_chunk_);
+    std::swap(flushed_at_, other.flushed_at_);
   }
   void reset() {
     for (Chunk& c : chunks_) c.used = 0;

@@ -45,6 +45,42 @@ std::vector<std::optional<RowSummary>> Executor::forward_choices(std::span<const
   return summarize_choices(forward_batch(batch, LogitRows::last), choices);
 }
 
+void Executor::begin_choices(std::span<const SequenceChunk> batch,
+                             std::span<const std::optional<RowChoice>> choices) const {
+  check_choices(batch, choices);
+  if (ran_.size() >= 2) fail(ErrorCode::usage, {}, "two calls are begun and not finished: finish one first");
+  // Each picked chunk's token, chosen here from the call before's summary.
+  std::vector<int32_t> picked(batch.size());
+  std::vector<SequenceChunk> chunks(batch.begin(), batch.end());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    SequenceChunk& chunk = chunks[i];
+    if (chunk.pick_of < 0) continue;
+    if (!chunk.tokens.empty()) fail(ErrorCode::usage, {}, "a chunk that takes its token from the call before has tokens too");
+    if (ran_.empty()) fail(ErrorCode::usage, {}, "a chunk takes its token from the call before, but no call is begun");
+    const Ran& before = ran_.back();
+    const auto from = static_cast<size_t>(chunk.pick_of);
+    if (from >= before.choices.size() || !before.summaries[from] ||
+        pick_kind(before.choices[from]->params) == PickKind::candidates) {
+      fail(ErrorCode::usage, {},
+           fmt::format("chunk {} of the call before has no token the device picks (no choice, or a draw among "
+                       "candidates, which the host makes)",
+                       chunk.pick_of));
+    }
+    picked[i] = choose(before.choices[from]->params, before.choices[from]->draw, *before.summaries[from]);
+    chunk.tokens = std::span(&picked[i], 1);
+    chunk.pick_of = -1;
+  }
+  std::vector<std::optional<RowSummary>> summaries = forward_choices(chunks, choices);
+  ran_.push_back({{choices.begin(), choices.end()}, std::move(summaries)});
+}
+
+std::vector<std::optional<RowSummary>> Executor::finish_choices() const {
+  if (ran_.empty()) fail(ErrorCode::usage, {}, "finish_choices: no call is begun");
+  std::vector<std::optional<RowSummary>> out = std::move(ran_.front().summaries);
+  ran_.erase(ran_.begin());
+  return out;
+}
+
 std::unique_ptr<SpeculativeTarget> Executor::speculative_target() const {
   fail(ErrorCode::usage, {.field = "--speculative"}, "speculative decoding is not available on " + device());
 }

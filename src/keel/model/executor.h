@@ -29,6 +29,9 @@ class SequenceState {
 struct SequenceChunk {
   SequenceState* sequence = nullptr;
   std::span<const int32_t> tokens;
+  // >= 0 (Executor::begin_choices, tokens empty): one token, the choice of chunk
+  // `pick_of` of the call begun just before.
+  int pick_of = -1;
 };
 
 class Executor {
@@ -53,6 +56,17 @@ class Executor {
   // come back.
   virtual std::vector<std::optional<RowSummary>> forward_choices(std::span<const SequenceChunk> batch,
                                                                  std::span<const std::optional<RowChoice>> choices) const;
+  // Pipelined decode (vLLM's async scheduling): begin_choices enqueues forward_choices'
+  // call and may return before it has run; finish_choices returns the oldest begun
+  // call's summaries. A chunk may take its one token from chunk `pick_of` of the call
+  // begun just before (SequenceChunk::pick_of) where that chunk's choice needs no host
+  // (ops/sampling.h's PickKind; Error(usage) otherwise): a GPU picks it on the device,
+  // so step n + 1 is enqueued while step n runs and each token is read a step late. At
+  // most two calls are begun and not finished; every other call needs none. This one
+  // runs the call at once and picks on the host: the same tokens, no overlap.
+  virtual void begin_choices(std::span<const SequenceChunk> batch,
+                             std::span<const std::optional<RowChoice>> choices) const;
+  virtual std::vector<std::optional<RowSummary>> finish_choices() const;
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
 
@@ -92,6 +106,15 @@ class Executor {
   virtual std::map<std::string, double> profile() const { return {}; }
   // One GPU: how its decode steps used CUDA graphs, a line for reports; empty elsewhere.
   virtual std::string decode_graphs() const { return {}; }
+
+ private:
+  // The default begin_choices' calls, run and not yet finished: their choices (for the
+  // next call's picks) and summaries.
+  struct Ran {
+    std::vector<std::optional<RowChoice>> choices;
+    std::vector<std::optional<RowSummary>> summaries;
+  };
+  mutable std::vector<Ran> ran_;
 };
 
 class CpuExecutor final : public Executor {

@@ -151,6 +151,11 @@ int32_t choose(const SamplingParams& p, uint64_t draw, const RowSummary& s) {
   return s.ids[best];
 }
 
+PickKind pick_kind(const SamplingParams& p) {
+  if (greedy(p)) return PickKind::first_candidate;
+  return whole_row(p) ? PickKind::whole_row : PickKind::candidates;
+}
+
 float logprob_of(const RowSummary& s, int32_t token) {
   if (token == s.whole_pick) return s.whole_pick_logit - s.log_z;
   const auto at = std::find(s.ids.begin(), s.ids.end(), token);

@@ -80,6 +80,12 @@ RowSummary summarize_for(std::span<const float> logits, const RowChoice& choice)
 bool summary_suffices(const SamplingParams& params, const RowSummary& summary);
 // The token for draw `draw` (a summary that suffices).
 int32_t choose(const SamplingParams& params, uint64_t draw, const RowSummary& summary);
+// Where `choose` takes its token from: the first candidate (greedy), the whole-row pick
+// (sampling with neither top-k nor top-p), or a draw among the candidates. A device that
+// made the summary can take the first two itself, so that the next step need not wait
+// for the token to reach the host (pipelined decode, Executor::begin_choices).
+enum class PickKind { first_candidate, whole_row, candidates };
+PickKind pick_kind(const SamplingParams& params);
 // ln p of `token` under softmax(l), when the summary knows its logit (candidates or the
 // whole-row pick); `top` logprobs come from the candidates.
 float logprob_of(const RowSummary& summary, int32_t token);
