@@ -529,8 +529,11 @@ TEST(GpuModel, PipelinedStepsGiveTheWaitedBits) {
   }
   expect_step(gpu->finish(), waited.back(), kSteps);
   for (int i = 0; i < kSequences; ++i) EXPECT_EQ(seqs[i].length, waited_seqs[i].length);
-  // Counted since graphs turned on again at step 22, which captured: steps 23 to 40 replay.
-  EXPECT_EQ(gpu->decode_graph_counts().replayed, kSteps - 22);
+  // Counted since graphs turned on again at step 22: every step from there ran as a graph,
+  // made for its shape or updated to it.
+  const DecodeGraphCounts counts = gpu->decode_graph_counts();
+  EXPECT_EQ(counts.captured + counts.replayed, kSteps - 21);
+  EXPECT_GT(counts.replayed, 10);
   EXPECT_EQ(gpu->decode_graph_counts().failure, "");
 }
 

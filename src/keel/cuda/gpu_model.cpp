@@ -451,6 +451,13 @@ void copy_rows_in(DevicePagedRows& rows, int64_t first, const float* src, int64_
   }
 }
 
+// The rows a sequence's `n` new token rows make `w`'s closing windows gather (the
+// previous window for CSA, the open one, the new rows); 0 when no window closes.
+int64_t closing_rows(const DeviceCompressor& w, const DeviceCompressorState& st, int64_t n) {
+  if (st.pending + n < w.ratio) return 0;
+  return (w.overlapping && st.count > 0 ? w.ratio : 0) + st.pending + n;
+}
+
 // One sequence's `n` token projections kv, gate ([n, width]) join its compressor: rows
 // that close no window join the open one through `jobs` (run later in one launch); the
 // windows they close are planned in `closing`, whose entries become rows of `entries`.
@@ -460,15 +467,15 @@ void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float*
   const int m = w.ratio;
   st.pending_kv.resize(m);
   st.pending_gate.resize(m);
-  if (st.pending + n < m) {  // no window closes (most decode steps): the rows join the open one
+  const int64_t rows = closing_rows(w, st, n);
+  if (rows == 0) {  // no window closes (most decode steps): the rows join the open one
     copy_rows_in(st.pending_kv, st.pending, kv, n, jobs);
     copy_rows_in(st.pending_gate, st.pending, gate, n, jobs);
     st.pending += static_cast<int>(n);
     return;
   }
   // The token rows in order: the previous window (CSA), the open window, this chunk.
-  const int64_t before = w.overlapping && st.count > 0 ? m : 0;
-  const int64_t rows = before + st.pending + n, windows = (st.pending + n) / m, base = closing.rows;
+  const int64_t before = rows - st.pending - n, windows = (st.pending + n) / m, base = closing.rows;
   closing.rows += rows;
   closing.gather_state(base, st.previous_kv, st.previous_gate, before);
   closing.gather_state(base + before, st.pending_kv, st.pending_gate, st.pending);
@@ -556,6 +563,34 @@ ClosingRun plan_closing(Staging& stage, const DeviceCompressor& w, const Closing
   }
   r.out = stage_copies(stage, jobs);
   return r;
+}
+
+// The buffers a layer's closing windows use (its compressor's in closing[0], its
+// indexer's in closing[1], the pooling slots in slot_values and slot_gates), grown for
+// what `parts` close: a decode step grows them for each layer of a piece before it plans
+// any, since a plan's staged copies point into them.
+void reserve_closing(const Step& s, const GpuModel::Layer& L, int layer, std::span<const Part> parts) {
+  GpuModel::Workspace& ws = s.ws;
+  const auto reserve = [&](const DeviceCompressor& w, auto state_of, GpuModel::Workspace::ClosingBuffers& buffers) {
+    int64_t rows = 0, windows = 0;
+    for (const Part& part : parts) {
+      const DeviceCompressorState& st = state_of(part.sequence->layers[layer]);
+      if (closing_rows(w, st, part.count) == 0) continue;
+      rows += closing_rows(w, st, part.count);
+      windows += (st.pending + part.count) / w.ratio;
+    }
+    if (windows == 0) return;
+    grow(buffers.kv, rows * w.width());
+    grow(buffers.gate, rows * w.width());
+    grow(buffers.pooled, windows * w.dim);
+    const int64_t slots = w.overlapping ? 2 * w.ratio : w.ratio;
+    grow(ws.slot_values, windows * slots * w.dim);  // a smaller size keeps the capacity
+    grow(ws.slot_gates, windows * slots * w.dim);
+  };
+  if (L.compressor) reserve(*L.compressor, [](const DeviceLayerState& st) -> const auto& { return st.compressor; }, ws.closing[0]);
+  if (L.index_compressor) {
+    reserve(*L.index_compressor, [](const DeviceLayerState& st) -> const auto& { return st.indexer; }, ws.closing[1]);
+  }
 }
 
 // One sequence's rows for a layer's compressors: `n` rows of each one's kv and gate
@@ -766,6 +801,29 @@ struct AttentionPlan {
   int64_t live() const { return parts.back().row + parts.back().count; }  // rows with a part
 };
 
+// A planned core's scratch: the indexer's scores, and the attention's split-key partial
+// sums for groups of `group` rows (whose scratch stays within kAttentionScratch) with
+// their counters. Grown when the core is planned, so that its launches (a decode step's
+// graph capture among them) never allocate.
+struct CoreScratch {
+  float* index_scores = nullptr;
+  int64_t group = 1;
+  SplitScratch split{};
+};
+
+CoreScratch reserve_core(const Step& s, const GpuModel::Layer& L, const AttentionPlan& p) {
+  const int64_t H = s.c.num_attention_heads, hd = s.c.head_dim, live = p.live();
+  GpuModel::Workspace& ws = s.ws;
+  CoreScratch out;
+  if (L.index_compressor) out.index_scores = grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
+  const int most_keys = std::ranges::max(p.longest);
+  const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), most_keys));
+  out.group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
+  const int64_t counters = attend_decode_arrivals(static_cast<int>(out.group), static_cast<int>(H));
+  out.split = {grow(ws.attention_scratch, out.group * per_row), grow_counters(ws.attention_arrivals, counters, s.stream)};
+  return out;
+}
+
 // The host's side of a layer's attention core: each part's keys, compressor work,
 // indexer inputs and copies, staged (nothing is launched). Rows past the parts' (a
 // decode graph's padding) get row 0's output, so that they stay copies of row 0 (and
@@ -852,6 +910,7 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
   float* o = ws.o.data();
   for (int64_t r = p.live(); r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   p.after = stage_copies(stage, jobs);
+  reserve_core(s, L, p);
   return p;
 }
 
@@ -893,20 +952,14 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
   p.compressors.windows.run(s);
   p.compressors.index_windows.run(s);
   s.mark("attention: key lists, indexer top-k");
+  const CoreScratch scratch = reserve_core(s, L, p);  // grown when the core was planned
   if (L.index_compressor) {
-    float* scores = grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
     s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, p.index.visible,
-              p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, scores, p.index.tables, p.index.bases,
-              s.stream);
+              p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, scratch.index_scores, p.index.tables,
+              p.index.bases, s.stream);
   }
   s.mark("attention: attend");
-  // Rows in groups whose split-key scratch stays within kAttentionScratch.
-  const int most_keys = std::ranges::max(p.longest);
-  const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), most_keys));
-  const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
-  const int64_t counters = attend_decode_arrivals(static_cast<int>(group), static_cast<int>(H));
-  const SplitScratch scratch{grow(ws.attention_scratch, group * per_row),
-                             grow_counters(ws.attention_arrivals, counters, s.stream)};
+  const int64_t group = scratch.group;
   // A part's rows go through its own kind's kernel, so a row's bits never depend on the
   // other parts of the call: one-token parts (decode) through the decode kernel, longer
   // chunks through the prefill kernel, and a verification's drafts (a call with a
@@ -927,7 +980,7 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
       attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, p.key_index,
-             p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
+             p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch.split,
              run_longest, PagedTables{p.key_tables.tables + r, p.key_tables.rows_per_block}, s.stream);
     }
   }
@@ -1411,23 +1464,36 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
 
 // --- Decode steps as CUDA graphs ----------------------------------------------------------
 
-// Decode steps replayed as CUDA graphs, piecewise (as vLLM's piecewise graphs): a step of
-// one token per sequence runs its rows padded to a bucket; each layer's attention core
-// runs launch by launch, since it follows the sequences' state (key lists, block tables,
-// closing windows), and everything between two cores is one graph per bucket: the
-// embedding or the output projections, mHC and MoE of one layer with the next layer's
-// mix and projections. Padded rows are copies of row 0 (its token, position and
-// attention output), so they read no other experts, and every kernel computes a row
-// alone, so no real row changes: a step gives the same bits replayed as launched.
+// Decode steps as CUDA graphs, a few a step: a step of one token per sequence runs its
+// rows padded to a bucket, in pieces: the embedding and the first layer's input side,
+// then the layers in pieces of 1, 2, 4, 8, ... layers, each layer's attention core in
+// its piece (kStepPieceLayers). A piece's cores are planned first (their key lists, block
+// tables and closing windows staged, then flushed once), so its launches depend on
+// nothing the host does between them; they are captured each step, since the cores'
+// lists and grids follow the sequences' state, and the executable graph of the same
+// bucket, piece and shape is updated to them (cudaGraphExecUpdate) and launched. A
+// piece's shape (its node and edge count) changes where compressor windows close; a
+// bucket's piece keeps an executable graph per shape. The first pieces are small, so
+// that the device starts soon after the host does, and later ones larger, so that few
+// boundaries between graphs remain, while the host captures ahead of the device.
+// Padded rows are copies of row 0 (its token, position and attention output), so they
+// read no other experts, and every kernel computes a row alone, so no real row changes:
+// a step gives the same bits from graphs as launched.
 //
 // The graphs read the buffers of a workspace of their own, which only these steps use.
-// Its buffers grow with the bucket only, so a bucket larger than any run before runs
-// launch by launch first (growing them to fit it and every smaller bucket) and drops the
-// graphs captured before, which point at the old buffers.
+// Its buffers grow with the bucket, and the cores' scratch with the context, only while
+// a piece is planned, never while one is captured. A bucket larger than any run before
+// runs launch by launch first (growing them to fit it and every smaller bucket) and
+// drops the graphs made before, which point at the old buffers.
 struct GpuModel::DecodeGraphs {
   static constexpr std::array<int64_t, 15> kBuckets{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  static constexpr size_t kShapesPerPiece = 8;  // past it, the oldest shape's graph goes
+  struct Shape {
+    size_t nodes = 0, edges = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
   Workspace work;
-  std::map<int64_t, std::vector<cudaGraphExec_t>> by_bucket;  // one graph per piece of a step
+  std::map<std::pair<int64_t, int>, std::vector<Shape>> by_piece;  // (bucket, piece): most recent last
   int64_t sized_for = 0;  // the largest bucket run: every buffer fits it
   DecodeGraphCounts counts;  // counts.on: whether decode steps take graphs
 
@@ -1436,10 +1502,10 @@ struct GpuModel::DecodeGraphs {
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
   ~DecodeGraphs() { clear(); }
   void clear() {
-    for (auto& [bucket, graphs] : by_bucket) {
-      for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+    for (auto& [piece, shapes] : by_piece) {
+      for (const Shape& shape : shapes) cudaGraphExecDestroy(shape.exec);
     }
-    by_bucket.clear();
+    by_piece.clear();
   }
   // The bucket a step of `rows` rows pads to; 0 for more rows than the largest.
   static int64_t bucket_of(int64_t rows) {
@@ -1452,58 +1518,30 @@ struct GpuModel::DecodeGraphs {
 
 namespace {
 
-// One call's pieces (the parts between attention cores), in order: each launched as it
-// comes (any call but a graph step, and the first step of a new largest bucket),
-// captured then launched (a bucket's first step once the buffers fit it), or replayed.
-// A capture that fails (a CUDA call the capture refuses) turns graphs off for the model,
-// with the reason in its counts, and the piece runs launch by launch: a graph never
-// fails a step that would run without.
-class Pieces {
+// Layers in piece p (from 1) of a decode step: 1, 2, 4, 8, ...
+int step_piece_layers(int piece) { return 1 << std::min(piece - 1, 20); }
+
+// One decode step's pieces, each launched as it comes (no graphs, or the first step of a
+// new largest bucket), or captured, the executable graph of its bucket, piece and shape
+// updated to it (or made), and launched. A capture that fails (a CUDA call the capture
+// refuses) turns graphs off for the model, with the reason in its counts, and the piece
+// runs launch by launch: a graph never fails a step that would run without.
+class StepPieces {
  public:
-  Pieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, cudaStream_t stream)
+  StepPieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, cudaStream_t stream)
       : graphs_(graphs), bucket_(bucket), stream_(stream) {
     if (!graphs_) return;
     if (bucket_ > graphs_->sized_for) {
       graphs_->clear();
       graphs_->sized_for = bucket_;
     } else {
-      mode_ = graphs_->by_bucket.contains(bucket_) ? Mode::replay : Mode::capture;
+      capture_ = true;
     }
-  }
-  Pieces(const Pieces&) = delete;
-  Pieces& operator=(const Pieces&) = delete;
-  ~Pieces() {  // a capture the call did not finish (it failed) is dropped
-    for (cudaGraphExec_t g : captured_) cudaGraphExecDestroy(g);
   }
 
   template <typename Launches>
-  void run(Launches&& launches) {
-    switch (mode_) {
-      case Mode::eager: launches(); break;
-      case Mode::replay: {
-        const std::vector<cudaGraphExec_t>& graphs = graphs_->by_bucket.at(bucket_);
-        if (next_ >= graphs.size()) throw std::logic_error("a decode step ran more pieces than its graphs hold");
-        check_api(cudaGraphLaunch(graphs[next_], stream_), "cudaGraphLaunch");
-        break;
-      }
-      case Mode::capture: capture(launches); break;
-    }
-    ++next_;
-  }
-  // The call ran every piece: a capture is kept for the bucket's next steps.
-  void finish() {
-    if (mode_ == Mode::replay) ++graphs_->counts.replayed;
-    if (mode_ != Mode::capture) return;
-    graphs_->by_bucket[bucket_] = std::move(captured_);
-    captured_.clear();
-    ++graphs_->counts.captured;
-  }
-
- private:
-  enum class Mode { eager, capture, replay };
-
-  template <typename Launches>
-  void capture(Launches& launches) {
+  void run(int piece, Launches&& launches) {
+    if (!capture_ || !graphs_->counts.on) return launches();
     cudaError_t status = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
     if (status != cudaSuccess) return give_up(cudaGetErrorString(status), launches);
     cudaGraph_t graph = nullptr;
@@ -1514,32 +1552,69 @@ class Pieces {
       failure = e.what();
     }
     status = cudaStreamEndCapture(stream_, &graph);
-    cudaGraphExec_t exec = nullptr;
-    if (failure.empty() && status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
-    if (graph) cudaGraphDestroy(graph);
     if (failure.empty() && status != cudaSuccess) failure = cudaGetErrorString(status);
+    cudaGraphExec_t exec = nullptr;
+    if (failure.empty()) {
+      status = executable(piece, graph, exec);
+      if (status != cudaSuccess) failure = cudaGetErrorString(status);
+    }
+    if (graph) cudaGraphDestroy(graph);
     if (!failure.empty()) return give_up(failure, launches);
-    captured_.push_back(exec);
     check_api(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
   }
+  // Every piece ran as a graph: the step counts as replayed where none was made anew.
+  void finish() {
+    if (capture_ && graphs_->counts.on && !made_) ++graphs_->counts.replayed;
+  }
+
+ private:
+  // The executable graph of the piece with `graph`'s shape, updated to it; or one made now.
+  cudaError_t executable(int piece, cudaGraph_t graph, cudaGraphExec_t& exec) {
+    GpuModel::DecodeGraphs::Shape shape;
+    cudaError_t status = cudaGraphGetNodes(graph, nullptr, &shape.nodes);
+    if (status == cudaSuccess) status = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &shape.edges);
+    if (status != cudaSuccess) return status;
+    std::vector<GpuModel::DecodeGraphs::Shape>& shapes = graphs_->by_piece[{bucket_, piece}];
+    const auto same = std::find_if(shapes.begin(), shapes.end(), [&](const auto& s) {
+      return s.nodes == shape.nodes && s.edges == shape.edges;
+    });
+    if (same != shapes.end()) {
+      cudaGraphExecUpdateResultInfo result{};
+      if (cudaGraphExecUpdate(same->exec, graph, &result) == cudaSuccess) {
+        exec = same->exec;
+        return cudaSuccess;
+      }
+      cudaGetLastError();  // not updatable after all: made anew below
+      cudaGraphExecDestroy(same->exec);
+      shapes.erase(same);
+    }
+    status = cudaGraphInstantiate(&shape.exec, graph, 0);
+    if (status != cudaSuccess) return status;
+    if (shapes.size() == GpuModel::DecodeGraphs::kShapesPerPiece) {
+      cudaGraphExecDestroy(shapes.front().exec);
+      shapes.erase(shapes.begin());
+    }
+    shapes.push_back(shape);
+    exec = shape.exec;
+    if (!made_) ++graphs_->counts.captured;  // a step counts once
+    made_ = true;
+    return cudaSuccess;
+  }
   // Graphs off for the model, with the reason; nothing captured ran, so the piece runs
-  // as it is.
+  // launch by launch (and the step's later pieces too).
   template <typename Launches>
   void give_up(const std::string& failure, Launches& launches) {
     cudaGetLastError();
     graphs_->counts.on = false;
     graphs_->counts.failure = failure;
     graphs_->clear();
-    mode_ = Mode::eager;
     launches();
   }
 
   GpuModel::DecodeGraphs* graphs_;
   int64_t bucket_;
   cudaStream_t stream_;
-  Mode mode_ = Mode::eager;
-  size_t next_ = 0;
-  std::vector<cudaGraphExec_t> captured_;
+  bool capture_ = false, made_ = false;
 };
 
 // The call's host-made inputs, uploaded before any launch (the pieces only read them):
@@ -1742,29 +1817,56 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     return Step{c, share_, layer_kernels_[l], rope, ws, stream_, S, journal, side_.get()};
   };
   const int layers = c.num_hidden_layers;
-  // Each layer's attention core is planned, and what it reads flushed, before the graph
-  // piece that leads to it: the stream then waits for the side stream once before each
-  // piece (for that flush and for the core before's copies), not also before each core;
-  // a wait there cost the core's first launch about 1.5 us (docs/perf.md, 2026-12-04).
-  Pieces pieces(graphs, bucket, stream_);
-  std::optional<AttentionPlan> plan;
-  if (layers > 0) plan = plan_attention(step(0), layers_[0], 0, parts);
-  flush_staged(step(0));
-  pieces.run([&] {
+  const auto embed = [&] {
     if (ws.timer) ws.timer->mark("embedding", stream_);
     top.embedding(embed_, ws.tokens.data(), S, hp.hc, ws.streams.data(), stream_);
     if (layers > 0) layer_in(step(0), hp, layers_[0]);
-  });
-  for (int l = 0; l < layers; ++l) {
-    attend_planned(step(l), layers_[l], l, *plan);
-    if (l + 1 < layers) plan = plan_attention(step(l + 1), layers_[l + 1], l + 1, parts);
-    flush_staged(step(l));
-    pieces.run([&] {
-      layer_out(step(l), hp, layers_[l]);
-      if (l + 1 < layers) layer_in(step(l + 1), hp, layers_[l + 1]);
-    });
+  };
+  const auto layer_after_core = [&](int l) {  // its output side, then the next layer's input side
+    layer_out(step(l), hp, layers_[l]);
+    if (l + 1 < layers) layer_in(step(l + 1), hp, layers_[l + 1]);
+  };
+  if (decode_step) {
+    // In pieces (DecodeGraphs): each piece's cores planned and flushed before its launches.
+    // Plans stage copies that point into the workspace, so what every plan of a piece uses
+    // is grown before the first is made.
+    for (int l = 0; l < layers; ++l) reserve_attention(step(l), attention_projections_of(ws, layers_[l]));
+    StepPieces pieces(graphs, bucket, stream_);
+    pieces.run(0, embed);
+    for (int first = 0, piece = 1; first < layers; ++piece) {
+      const int end = std::min(layers, first + step_piece_layers(piece));
+      for (int l = first; l < end; ++l) reserve_closing(step(l), layers_[l], l, parts);
+      std::vector<AttentionPlan> plans;
+      for (int l = first; l < end; ++l) plans.push_back(plan_attention(step(l), layers_[l], l, parts));
+      flush_staged(step(first));
+      pieces.run(piece, [&] {
+        for (int l = first; l < end; ++l) {
+          attend_planned(step(l), layers_[l], l, plans[static_cast<size_t>(l - first)]);
+          if (side_) side_->rejoin(stream_);
+          layer_after_core(l);
+        }
+      });
+      first = end;
+    }
+    pieces.finish();
+  } else {
+    // Longer chunks: each layer's core planned while the layer before runs, so that the
+    // staging holds one layer's key lists at a time (a long prompt's are large), and what
+    // it reads flushed before the launches that lead to it: the stream then waits for the
+    // side stream once (for that flush and for the core before's copies), not also before
+    // the core; a wait there cost the core's first launch about 1.5 us (docs/perf.md,
+    // 2026-12-04).
+    std::optional<AttentionPlan> plan;
+    if (layers > 0) plan = plan_attention(step(0), layers_[0], 0, parts);
+    flush_staged(step(0));
+    embed();
+    for (int l = 0; l < layers; ++l) {
+      attend_planned(step(l), layers_[l], l, *plan);
+      if (l + 1 < layers) plan = plan_attention(step(l + 1), layers_[l + 1], l + 1, parts);
+      flush_staged(step(l));
+      layer_after_core(l);
+    }
   }
-  pieces.finish();
   for (const Part& p : parts) p.sequence->length += p.count;
 
   // The rows that get logits: each chunk's last head_rows, gathered unless they are

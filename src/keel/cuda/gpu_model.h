@@ -18,15 +18,14 @@
 // several tokens, attention_decode for one, attention_verify for a verification's drafts),
 // so a row's result never depends on what else is in the call.
 //
-// Decode steps (one token per sequence, up to 256 sequences) replay CUDA graphs per
-// batch-size bucket, piecewise: each layer's attention core runs launch by launch
-// between the graphs (DecodeGraphs in the .cpp). Steps may be pipelined (begin, finish):
-// the next step is enqueued while this one runs, its tokens picked on the device.
+// Decode steps (one token per sequence, up to 256 sequences) run as a few CUDA graphs
+// each, per batch-size bucket: the layers in pieces of 1, 2, 4, 8, ... layers, each
+// piece's attention cores planned first, its launches captured and the executable graph
+// of its bucket, piece and shape updated to them (DecodeGraphs in the .cpp). Steps may be pipelined (begin, finish): the next step is enqueued while
+// this one runs, its tokens picked on the device.
 //
-// What is not here yet: the attention core in the graphs too (its key lists, block
-// tables and closing windows are built on the host each step), tensor-core attention
-// for decode and verify, and speculation inside the batched engine, which does not
-// pipeline its steps either.
+// What is not here yet: tensor-core attention for decode and verify, and speculation
+// inside the batched engine, which does not pipeline its steps either.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -122,8 +121,8 @@ struct ExpertShare {
 // How decode steps used their CUDA graphs since graphs were last turned on.
 struct DecodeGraphCounts {
   bool on = true;        // set_decode_graphs's; false after a failed capture
-  int64_t captured = 0;  // buckets captured (again after a larger bucket regrew the buffers)
-  int64_t replayed = 0;  // steps replayed
+  int64_t captured = 0;  // steps that made an executable graph (a piece's first of a shape; again after a regrowth)
+  int64_t replayed = 0;  // steps whose every piece ran as an executable graph updated to it
   std::string failure;   // why graphs turned themselves off (a capture failed), if they did
 };
 
