@@ -345,8 +345,8 @@ struct GraphsAndEager {
   GraphsAndEager() { eager->set_decode_graphs(false); }
 };
 
-// Decode steps replayed as CUDA graphs give, bit for bit, what the same steps launched
-// kernel by kernel give. The steps pad to every bucket up to 24 rows, in an order where a
+// Decode steps run as CUDA graphs (their pieces made or updated) give, bit for bit, what
+// the same steps launched kernel by kernel give. The steps pad to every bucket up to 24 rows, in an order where a
 // larger bucket regrows the buffers between captures; some sequences start with a decode
 // step (one token of context: no ring, no compressed entries, an empty indexer
 // selection); prompt chunks in some steps make those steps run launch by launch between
@@ -391,8 +391,8 @@ TEST(GpuModel, DecodeGraphsGiveTheLaunchedBits) {
   EXPECT_GT(with[0].length, host->config().sliding_window + 16);
   const DecodeGraphCounts counts = graphs->decode_graph_counts();
   EXPECT_EQ(counts.failure, "");
-  // Each bucket is captured after every regrowth that precedes its next step; every
-  // other decode step replays.
+  // A bucket's pieces are made again after every regrowth that precedes its next step,
+  // and for each new shape (windows closing); most other decode steps update them.
   EXPECT_GT(counts.captured, 6);
   EXPECT_GT(counts.replayed, decode_steps / 2);
   EXPECT_EQ(eager->decode_graph_counts().replayed, 0);

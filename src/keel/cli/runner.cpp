@@ -88,7 +88,7 @@ class GpuExecutor final : public Executor {
     const cuda::DecodeGraphCounts c = model_->decode_graph_counts();
     if (!c.failure.empty()) return "off after a capture failed (" + c.failure + "); steps launch kernel by kernel";
     if (!c.on) return "off (--eager)";
-    return fmt::format("on: {} bucket captures, {} steps replayed", c.captured, c.replayed);
+    return fmt::format("on: {} steps made graphs, {} steps ran updated ones", c.captured, c.replayed);
   }
 
  private:
