@@ -15,15 +15,14 @@
 #include "model/executor.h"
 #include "model/model.h"
 #include "ops/sampling.h"
+#include "testing.h"
 
 namespace keel {
 namespace {
 
 const std::string kFixtureModel = std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/tiny";
 
-bool same_summary(const RowSummary& a, const RowSummary& b) {
-  return a.ids == b.ids && a.logits == b.logits && a.whole_pick == b.whole_pick && a.log_z == b.log_z;
-}
+using keel::testing::same_summary;
 
 // Sequence 0 greedy, 1 whole-row sampling, 2 top-k every third step (the host gives its
 // next token), 3 without a choice on even steps (its tokens come from the host).
@@ -76,7 +75,9 @@ TEST(Executor, PipelinedStepsGiveTheWaitedSummaries) {
     ASSERT_EQ(got.size(), static_cast<size_t>(kSequences));
     for (int i = 0; i < kSequences; ++i) {
       ASSERT_EQ(got[i].has_value(), waited[step][i].has_value()) << "step " << step << ", sequence " << i;
-      if (got[i]) EXPECT_TRUE(same_summary(*got[i], *waited[step][i])) << "step " << step << ", sequence " << i;
+      if (got[i]) {
+        EXPECT_TRUE(same_summary(*got[i], *waited[step][i])) << "step " << step << ", sequence " << i;
+      }
     }
   };
   for (int step = 0; step < kSteps; ++step) {

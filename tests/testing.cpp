@@ -77,4 +77,9 @@ std::vector<float> fixture_floats(const std::string& path, const std::string& na
   return fixture_values<float>(path, name);
 }
 
+bool same_summary(const RowSummary& a, const RowSummary& b) {
+  return a.ids == b.ids && a.logits == b.logits && a.whole_pick == b.whole_pick &&
+         std::memcmp(&a.log_z, &b.log_z, sizeof(float)) == 0 && std::memcmp(&a.z_t, &b.z_t, sizeof(float)) == 0;
+}
+
 }  // namespace keel::testing

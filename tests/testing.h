@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ops/sampling.h"
 
 namespace keel::testing {
 
@@ -35,6 +36,10 @@ std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f);
 // A fixture tensor's values (int32 or f32), by name; fails the test if it is absent.
 std::vector<int32_t> fixture_ints(const std::string& path, const std::string& name);
 std::vector<float> fixture_floats(const std::string& path, const std::string& name);
+
+// Two sampling summaries with the same candidates, logits, whole-row pick and
+// normalizers, bit for bit.
+bool same_summary(const RowSummary& a, const RowSummary& b);
 
 }  // namespace keel::testing
 

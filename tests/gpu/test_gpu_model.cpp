@@ -16,6 +16,7 @@
 #include "cuda/gpu_model.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "testing.h"
 
 namespace keel::cuda {
 namespace {
@@ -433,10 +434,7 @@ TEST(GpuModel, DecodeGraphsTurnOffAndOn) {
   EXPECT_EQ(graphs->decode_graph_counts().failure, "");
 }
 
-bool same_summary(const RowSummary& a, const RowSummary& b) {
-  return a.ids == b.ids && a.logits == b.logits && a.whole_pick == b.whole_pick &&
-         std::memcmp(&a.log_z, &b.log_z, sizeof(float)) == 0 && std::memcmp(&a.z_t, &b.z_t, sizeof(float)) == 0;
-}
+using keel::testing::same_summary;
 
 // Pipelined steps (begin, finish a step late; tokens picked on the device) give the
 // summaries, bit for bit, of the same steps waited for one by one (forward with choices).

@@ -1467,7 +1467,7 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
 // Decode steps as CUDA graphs, a few a step: a step of one token per sequence runs its
 // rows padded to a bucket, in pieces: the embedding and the first layer's input side,
 // then the layers in pieces of 1, 2, 4, 8, ... layers, each layer's attention core in
-// its piece (kStepPieceLayers). A piece's cores are planned first (their key lists, block
+// its piece (step_piece_layers). A piece's cores are planned first (their key lists, block
 // tables and closing windows staged, then flushed once), so its launches depend on
 // nothing the host does between them; they are captured each step, since the cores'
 // lists and grids follow the sequences' state, and the executable graph of the same
