@@ -451,11 +451,15 @@ void copy_rows_in(DevicePagedRows& rows, int64_t first, const float* src, int64_
   }
 }
 
-// The rows a sequence's `n` new token rows make `w`'s closing windows gather (the
-// previous window for CSA, the open one, the new rows); 0 when no window closes.
-int64_t closing_rows(const DeviceCompressor& w, const DeviceCompressorState& st, int64_t n) {
-  if (st.pending + n < w.ratio) return 0;
-  return (w.overlapping && st.count > 0 ? w.ratio : 0) + st.pending + n;
+// What a sequence's `n` new token rows make `w` close: the windows, and the rows their
+// closing gathers (the previous window for CSA, the open one, the new rows); none of
+// either when no window closes.
+struct Closing {
+  int64_t windows = 0, rows = 0;
+};
+Closing closing_of(const DeviceCompressor& w, const DeviceCompressorState& st, int64_t n) {
+  if (st.pending + n < w.ratio) return {};
+  return {(st.pending + n) / w.ratio, (w.overlapping && st.count > 0 ? w.ratio : 0) + st.pending + n};
 }
 
 // One sequence's `n` token projections kv, gate ([n, width]) join its compressor: rows
@@ -467,15 +471,15 @@ void compress(const DeviceCompressor& w, DeviceCompressorState& st, const float*
   const int m = w.ratio;
   st.pending_kv.resize(m);
   st.pending_gate.resize(m);
-  const int64_t rows = closing_rows(w, st, n);
-  if (rows == 0) {  // no window closes (most decode steps): the rows join the open one
+  const auto [windows, rows] = closing_of(w, st, n);
+  if (windows == 0) {  // no window closes (most decode steps): the rows join the open one
     copy_rows_in(st.pending_kv, st.pending, kv, n, jobs);
     copy_rows_in(st.pending_gate, st.pending, gate, n, jobs);
     st.pending += static_cast<int>(n);
     return;
   }
   // The token rows in order: the previous window (CSA), the open window, this chunk.
-  const int64_t before = rows - st.pending - n, windows = (st.pending + n) / m, base = closing.rows;
+  const int64_t before = rows - st.pending - n, base = closing.rows;
   closing.rows += rows;
   closing.gather_state(base, st.previous_kv, st.previous_gate, before);
   closing.gather_state(base + before, st.pending_kv, st.pending_gate, st.pending);
@@ -574,10 +578,9 @@ void reserve_closing(const Step& s, const GpuModel::Layer& L, int layer, std::sp
   const auto reserve = [&](const DeviceCompressor& w, auto state_of, GpuModel::Workspace::ClosingBuffers& buffers) {
     int64_t rows = 0, windows = 0;
     for (const Part& part : parts) {
-      const DeviceCompressorState& st = state_of(part.sequence->layers[layer]);
-      if (closing_rows(w, st, part.count) == 0) continue;
-      rows += closing_rows(w, st, part.count);
-      windows += (st.pending + part.count) / w.ratio;
+      const Closing c = closing_of(w, state_of(part.sequence->layers[layer]), part.count);
+      rows += c.rows;
+      windows += c.windows;
     }
     if (windows == 0) return;
     grow(buffers.kv, rows * w.width());
@@ -794,6 +797,7 @@ struct AttentionPlan {
   PagedTables key_tables{};
   std::vector<int> longest;  // per part: keys of its longest list
   int64_t max_visible = 0;
+  int64_t group = 1;  // rows an attention launch takes (reserve_core)
   struct {
     PagedTables tables{};
     const int32_t *visible = nullptr, *picks_at = nullptr, *bases = nullptr;
@@ -801,27 +805,20 @@ struct AttentionPlan {
   int64_t live() const { return parts.back().row + parts.back().count; }  // rows with a part
 };
 
-// A planned core's scratch: the indexer's scores, and the attention's split-key partial
-// sums for groups of `group` rows (whose scratch stays within kAttentionScratch) with
-// their counters. Grown when the core is planned, so that its launches (a decode step's
-// graph capture among them) never allocate.
-struct CoreScratch {
-  float* index_scores = nullptr;
-  int64_t group = 1;
-  SplitScratch split{};
-};
-
-CoreScratch reserve_core(const Step& s, const GpuModel::Layer& L, const AttentionPlan& p) {
+// A planned core's scratch, grown when the core is planned so that its launches (a
+// decode step's graph capture among them) never allocate: the indexer's scores, and the
+// attention's split-key partial sums with their counters for groups of rows whose
+// scratch stays within kAttentionScratch. Returns the rows of a group.
+int64_t reserve_core(const Step& s, const GpuModel::Layer& L, const AttentionPlan& p) {
   const int64_t H = s.c.num_attention_heads, hd = s.c.head_dim, live = p.live();
   GpuModel::Workspace& ws = s.ws;
-  CoreScratch out;
-  if (L.index_compressor) out.index_scores = grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
+  if (L.index_compressor) grow(ws.index_scores, std::max<int64_t>(1, live * p.max_visible));
   const int most_keys = std::ranges::max(p.longest);
   const int64_t per_row = std::max<int64_t>(1, attend_decode_scratch(1, static_cast<int>(H), static_cast<int>(hd), most_keys));
-  out.group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
-  const int64_t counters = attend_decode_arrivals(static_cast<int>(out.group), static_cast<int>(H));
-  out.split = {grow(ws.attention_scratch, out.group * per_row), grow_counters(ws.attention_arrivals, counters, s.stream)};
-  return out;
+  const int64_t group = std::clamp<int64_t>(kAttentionScratch / kF / per_row, 1, live);
+  grow(ws.attention_scratch, group * per_row);
+  grow_counters(ws.attention_arrivals, attend_decode_arrivals(static_cast<int>(group), static_cast<int>(H)), s.stream);
+  return group;
 }
 
 // The host's side of a layer's attention core: each part's keys, compressor work,
@@ -910,7 +907,7 @@ AttentionPlan plan_attention(const Step& s, const GpuModel::Layer& L, int layer,
   float* o = ws.o.data();
   for (int64_t r = p.live(); r < S; ++r) jobs.push_back({o + r * H * hd, o, H * hd});
   p.after = stage_copies(stage, jobs);
-  reserve_core(s, L, p);
+  p.group = reserve_core(s, L, p);
   return p;
 }
 
@@ -952,14 +949,15 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
   p.compressors.windows.run(s);
   p.compressors.index_windows.run(s);
   s.mark("attention: key lists, indexer top-k");
-  const CoreScratch scratch = reserve_core(s, L, p);  // grown when the core was planned
+  // The scratch was grown when the core was planned (reserve_core).
   if (L.index_compressor) {
     s.k.index(in.index_q, in.index_w, live, c.index_n_heads, c.index_head_dim, nullptr, p.index.visible,
-              p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, scratch.index_scores, p.index.tables,
+              p.max_visible, c.index_topk, 0, p.index.picks_at, p.key_index, ws.index_scores.data(), p.index.tables,
               p.index.bases, s.stream);
   }
   s.mark("attention: attend");
-  const int64_t group = scratch.group;
+  const int64_t group = p.group;
+  const SplitScratch scratch{ws.attention_scratch.data(), ws.attention_arrivals.data()};
   // A part's rows go through its own kind's kernel, so a row's bits never depend on the
   // other parts of the call: one-token parts (decode) through the decode kernel, longer
   // chunks through the prefill kernel, and a verification's drafts (a call with a
@@ -980,7 +978,7 @@ void attend_planned(const Step& s, const GpuModel::Layer& L, int layer, const At
     for (int64_t r = parts[first].row; r < run_end; r += group) {
       const int64_t n = std::min(group, run_end - r);
       attend(in.q + r * H * hd, static_cast<int>(n), static_cast<int>(H), static_cast<int>(hd), nullptr, p.key_index,
-             p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch.split,
+             p.key_offsets + r, L.sinks.data(), 1.0f / std::sqrt(static_cast<float>(hd)), o + r * H * hd, scratch,
              run_longest, PagedTables{p.key_tables.tables + r, p.key_tables.rows_per_block}, s.stream);
     }
   }
@@ -2012,9 +2010,7 @@ void GpuModel::collect(Begun& call) const {
   if (call.chosen.empty()) {
     end_call();
   } else if (!call.rows.host) {  // the plan chose the host sampler: every row comes back
-    const int64_t n = static_cast<int64_t>(call.chosen.size()), V = config().vocab_size;
-    const float* logits = copy_back_logits(n);
-    for (int64_t j = 0; j < n; ++j) rows.push_back(summarize_for(std::span(logits + j * V, V), call.choices[j]));
+    rows = summarize_logits(*top_kernels_, call.choices);
   } else {
     if (ws.timer) end_call();
     else check_api(cudaEventSynchronize(call.done.get()), "cudaEventSynchronize");
