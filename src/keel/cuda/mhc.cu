@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.cuh"
+#include "cuda/cp_async.cuh"
 #include "cuda/hyper_expand.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/row_chunks.cuh"
@@ -22,16 +23,26 @@ constexpr int64_t kMixSlice = 1024;
 
 __host__ __device__ int64_t mix_slices(int64_t width) { return (width + kMixSlice - 1) / kMixSlice; }
 
-// The dot product the mix is built from: row m < rows of fn with one token's flattened
-// streams v, or (m == rows) v with itself, the RMS's sum of squares, over [begin, end)
-// (multiples of Width) in chunks of Width. One warp; every lane gets the sum.
+// The slice of the mix's width that a warp of block (row group, slice, token) takes, and
+// its row m: below rows a row of fn, at rows the streams with themselves (the RMS's sum
+// of squares), past it none.
+struct DotSlice {
+  int m;
+  int64_t begin, end;
+};
+__device__ DotSlice dot_slice(int warps, int64_t width) {
+  const int64_t begin = int64_t{blockIdx.y} * kMixSlice;
+  return {static_cast<int>(blockIdx.x) * warps + static_cast<int>(threadIdx.x) / kWarp, begin,
+          min(width, begin + kMixSlice)};
+}
+
+// v · w over `chunks` chunks of Width, lane taking chunks lane, lane + 32, ... in turn.
+// One warp; every lane gets the sum.
 template <int Width>
-__device__ float mix_dot(const float* __restrict__ fn, const float* __restrict__ v, int m, int rows, int64_t width,
-                         int lane, int64_t begin, int64_t end) {
-  const float* w = m < rows ? fn + int64_t{m} * width : v;
+__device__ float warp_dot(const float* __restrict__ v, const float* __restrict__ w, int64_t chunks, int lane) {
   float sum = 0.0f;
 #pragma unroll 8
-  for (int64_t i = begin / Width + lane; i < end / Width; i += kWarp) {
+  for (int64_t i = lane; i < chunks; i += kWarp) {
     const Chunk<Width> a = load<Width>(v, i), b = load<Width>(w, i);
 #pragma unroll
     for (int k = 0; k < Width; ++k) sum += a.v[k] * b.v[k];
@@ -40,30 +51,28 @@ __device__ float mix_dot(const float* __restrict__ fn, const float* __restrict__
   return sum;
 }
 
+// dots[t, m, c]: the slice's dot product of token t's flattened streams v with w (fn's
+// row m over the slice, or v itself), by one warp.
+template <int Width>
+__device__ void slice_dot(const DotSlice& s, const float* __restrict__ v, const float* __restrict__ w, int rows,
+                          float* __restrict__ dots) {
+  const float sum = warp_dot<Width>(v, w, (s.end - s.begin) / Width, threadIdx.x % kWarp);
+  if (threadIdx.x % kWarp == 0) dots[(int64_t{blockIdx.z} * (rows + 1) + s.m) * gridDim.y + blockIdx.y] = sum;
+}
+
 // As ops/norm.cpp's rms_factor, from the sum of squares.
 __device__ float rms_factor(float squares, int64_t width, float norm_eps) {
   return 1.0f / sqrtf(squares / static_cast<float>(width) + norm_eps);
-}
-
-// dots[t, m, c] = streams[t] · fn[m] over slice c of the width for m < rows, and
-// dots[t, rows, c] = streams[t] · streams[t] over it: warp `warp` of block (row group,
-// slice, token) takes row blockIdx.x · warps + warp; rows past `rows` do nothing.
-template <int Width>
-__device__ void slice_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows,
-                           int64_t width, int warps, float* __restrict__ dots) {
-  const int m = blockIdx.x * warps + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (m > rows) return;
-  const int64_t c = blockIdx.y, slices = gridDim.y, t = blockIdx.z;
-  const int64_t begin = c * kMixSlice, end = min(width, begin + kMixSlice);
-  const float sum = mix_dot<Width>(fn, streams + t * width, m, rows, width, lane, begin, end);
-  if (lane == 0) dots[(t * (rows + 1) + m) * slices + c] = sum;
 }
 
 // hc_head's dot products, kWarpsPerBlock rows per block.
 template <int Width>
 __global__ void mix_dots(const float* __restrict__ fn, const float* __restrict__ streams, int rows, int64_t width,
                          float* __restrict__ dots) {
-  slice_dots<Width>(fn, streams, rows, width, kWarpsPerBlock, dots);
+  const DotSlice s = dot_slice(kWarpsPerBlock, width);
+  if (s.m > rows) return;
+  const float* v = streams + int64_t{blockIdx.z} * width + s.begin;
+  slice_dot<Width>(s, v, s.m < rows ? fn + s.m * width + s.begin : v, rows, dots);
 }
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -239,22 +248,71 @@ struct SiteLaunch {
   int hc, iters;
   int64_t dim;
   float hc_eps, norm_eps;
+  bool staged;  // each warp's slice of fn staged in the launch's dynamic shared memory
 };
 
-// Block (row group, slice, token) computes its rows' dots over its slice (slice_dots);
+// The calls whose fn slices are staged in shared memory (site_in), and their bytes a block.
+constexpr int64_t kStagedMaxTokens = 8;
+constexpr int kStagedBytes = kSiteWarps * kMixSlice * sizeof(float);
+
+// A warp's slice of its fn row (`chunks` chunks of Width from `row`) copied into its
+// slot of shared memory, lane by lane as warp_dot reads it back (cp.async: each lane's
+// own wait orders the two, with no barrier).
+template <int Width>
+__device__ void stage_slice(const float* __restrict__ row, int64_t chunks, int lane, float* slot) {
+  for (int64_t i = lane; i < chunks; i += kWarp) {
+    if constexpr (Width == 4) {
+      cp_async16(slot + 4 * i, row + 4 * i);
+    } else {
+      cp_async4(slot + i, row + i);
+    }
+  }
+  cp_async_commit();
+}
+
+// Asks L2 for the `count` floats at p, a 128-byte line per thread of the block.
+__device__ void prefetch_l2(const float* p, int64_t count) {
+  constexpr int64_t kLine = 128 / sizeof(float);
+  for (int64_t i = threadIdx.x * kLine; i < count; i += int64_t{blockDim.x} * kLine) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+  }
+}
+
+// Block (row group, slice, token) computes its rows' dots over its slice (slice_dot);
 // the token's last block to finish (counted in arrivals[t], which it resets) adds up
 // the slices and forms pre and post, then its last warp the Sinkhorn of comb while the
 // others collapse the streams and normalize the sum. At most 56 registers (4 blocks per
 // SM): a call of many tokens is mostly dots, each token rereading fn from L2, and
 // wants the warps in flight (72 registers left 3 blocks and made prefill's mHC 11% slower).
+// The site's weights are read before wait_for_inputs (no kernel writes them), so that a
+// block started early has them at hand when the streams are ready: base and scale in
+// shared memory for the last block, the norm asked into L2 for it, and in a call of few
+// tokens (a launch with kStagedBytes of dynamic shared memory) each warp's slice of fn in
+// shared memory, so that after the wait the dots read only the streams. (Many tokens'
+// blocks cannot all start early, and 36 KiB a block would halve them on a GPU of 100 KiB
+// a multiprocessor.)
 template <int HC, int Width>
 __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch a) {
   const int hc = HC > 0 ? HC : a.hc;
   const int rows = (2 + hc) * hc;
   const int64_t t = blockIdx.z, width = hc * a.dim;
+  constexpr int kMixRows = (2 + kMaxHyperStreams) * kMaxHyperStreams;
+  extern __shared__ __align__(16) float staged[];  // [kSiteWarps][kMixSlice] where staged
+  __shared__ float base[kMixRows], scale[3];
+  const DotSlice s = dot_slice(kSiteWarps, width);
+  float* slot = a.staged && s.m < rows ? staged + (threadIdx.x / kWarp) * kMixSlice : nullptr;
+  const float* row = a.site.fn + s.m * width + s.begin;  // of fn where s.m < rows
+  if (slot) stage_slice<Width>(row, (s.end - s.begin) / Width, threadIdx.x % kWarp, slot);
+  if (const int i = threadIdx.x; i < rows) base[i] = a.site.base[i];
+  if (const int i = threadIdx.x - rows; i >= 0 && i < 3) scale[i] = a.site.scale[i];
+  if (blockIdx.x == 0 && blockIdx.y == 0) prefetch_l2(a.site.norm, a.dim);
   let_next_start();
   wait_for_inputs();
-  slice_dots<Width>(a.site.fn, a.streams, rows, width, kSiteWarps, a.dots);
+  if (s.m <= rows) {
+    const float* v = a.streams + t * width + s.begin;
+    cp_async_wait<0>();
+    slice_dot<Width>(s, v, slot ? slot : s.m < rows ? row : v, rows, a.dots);
+  }
   __shared__ bool last;
   __threadfence();  // this block's dots before its arrival
   __syncthreads();
@@ -262,21 +320,20 @@ __global__ void __launch_bounds__(kSiteWarps* kWarp, 4) site_in(const SiteLaunch
   __syncthreads();
   if (!last) return;
 
-  __shared__ float d[(2 + kMaxHyperStreams) * kMaxHyperStreams + 1];
+  __shared__ float d[kMixRows + 1];
   __shared__ float pre[kMaxHyperStreams];
   __shared__ float partial[kCollapseWarps];
   if (threadIdx.x == 0) a.arrivals[t] = 0;  // ready for the next launch
   sum_slices(a.dots, t, rows, width, d);
   const float r = rms_factor(d[rows], width, a.norm_eps);
   if (const int j = threadIdx.x; j < hc) {
-    pre[j] = sigmoid(d[j] * r * a.site.scale[0] + a.site.base[j]) + a.hc_eps;
+    pre[j] = sigmoid(d[j] * r * scale[0] + base[j]) + a.hc_eps;
     a.out.pre[t * hc + j] = pre[j];
-    a.out.post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * a.site.scale[1] + a.site.base[hc + j]);
+    a.out.post[t * hc + j] = 2.0f * sigmoid(d[hc + j] * r * scale[1] + base[hc + j]);
   }
   __syncthreads();
   if (threadIdx.x / kWarp == kCollapseWarps) {
-    comb_of<HC>(d, r, a.site.base, a.site.scale, hc, a.iters, a.hc_eps, threadIdx.x % kWarp,
-                a.out.comb + t * hc * hc);
+    comb_of<HC>(d, r, base, scale, hc, a.iters, a.hc_eps, threadIdx.x % kWarp, a.out.comb + t * hc * hc);
   } else {
     collapse_norm<Width>(pre, a.streams + t * width, hc, a.dim, a.site.norm, a.norm_eps, a.out.x + t * a.dim,
                          partial);
@@ -371,11 +428,14 @@ void hyper_in(const HyperParams& p, const SiteParams& site, const float* streams
   const int rows = (2 + p.hc) * p.hc;
   const dim3 grid((rows + 1 + kSiteWarps - 1) / kSiteWarps, static_cast<unsigned>(mix_slices(p.hc * p.dim)),
                   static_cast<unsigned>(tokens));
-  const SiteLaunch a{site, out, streams, scratch, arrivals, p.hc, p.sinkhorn_iters, p.dim, p.hc_eps, p.norm_eps};
+  const bool staged = tokens <= kStagedMaxTokens;
+  const SiteLaunch a{site, out, streams, scratch, arrivals, p.hc, p.sinkhorn_iters, p.dim, p.hc_eps, p.norm_eps,
+                     staged};
   // hc 4 is every DeepSeek-V4; other hc (small test models) take the serial Sinkhorn.
   const bool wide = float4_rows(p.dim, {site.fn, site.norm, streams, out.x});
   const auto kernel = p.hc == 4 ? (wide ? site_in<4, 4> : site_in<4, 1>) : (wide ? site_in<0, 4> : site_in<0, 1>);
-  overlapped_launch("hyper_in launch", kernel, grid, kSiteWarps * kWarp, 0, static_cast<cudaStream_t>(stream), a);
+  overlapped_launch("hyper_in launch", kernel, grid, kSiteWarps * kWarp, staged ? kStagedBytes : 0,
+                    static_cast<cudaStream_t>(stream), a);
 }
 
 void hyper_expand(const HyperParams& p, const float* post, const float* comb, const float* y, float* streams,

@@ -26,12 +26,14 @@ __global__ void __launch_bounds__(kThreads)
     route_tokens(float* logits, int experts, ScoringFunc func, const float* __restrict__ bias,
                  const int32_t* __restrict__ hashed, int k, float scaling, int32_t* __restrict__ experts_out,
                  float* __restrict__ weights_out) {
-  let_next_start();
-  wait_for_inputs();
   extern __shared__ float shared[];
   float* score = shared;                                  // [experts]
   float* biased = shared + experts;                       // [experts], score + bias
   int* chosen = reinterpret_cast<int*>(biased + experts);  // [k], in selection order
+  // The bias before the wait (no kernel writes it), each thread's own experts' alone.
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) biased[e] = bias ? bias[e] : 0.0f;
+  let_next_start();
+  wait_for_inputs();
   const int64_t t = blockIdx.x;
   float* row = logits + t * experts;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
                                                       : 1.0f / (1.0f + expf(-x));
     row[e] = s;
     score[e] = s;
-    biased[e] = s + (bias ? bias[e] : 0.0f);
+    biased[e] = s + biased[e];
   }
   // Each pick defaults to expert 0: NaN scores (which order before nothing) leave ranks
   // unused, and an id must never point past the table.

@@ -30,18 +30,23 @@ template <bool Weighted, int Width>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_rows(const float* x, const float* __restrict__ weight, float eps, float* out, int64_t dim) {
   __shared__ float shared[kMaxWarps];
+  const int64_t chunks = dim / Width, stride = blockDim.x;
+  Chunk<Width> xs[kHeld], ws[kHeld];
+  // The weight before the wait: no kernel writes it, and a block started early has it
+  // at hand when x is ready.
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    if (const int64_t i = threadIdx.x + h * stride; Weighted && i < chunks) ws[h] = load<Width>(weight, i);
+  }
   let_next_start();
   wait_for_inputs();
   const float* xr = x + int64_t{blockIdx.x} * dim;
   float* yr = out + int64_t{blockIdx.x} * dim;
-  const int64_t chunks = dim / Width, stride = blockDim.x;
-  Chunk<Width> xs[kHeld], ws[kHeld];
   float sum = 0.0f;
 #pragma unroll
   for (int h = 0; h < kHeld; ++h) {
     if (const int64_t i = threadIdx.x + h * stride; i < chunks) {
       xs[h] = load<Width>(xr, i);
-      if constexpr (Weighted) ws[h] = load<Width>(weight, i);
       sum = add_squares(sum, xs[h]);
     }
   }

@@ -28,15 +28,16 @@ __device__ __forceinline__ void rotate_pair(float& a, float& b, int64_t position
 // One thread per rotated pair: index = ((token · heads) + head) · half + i.
 __global__ void rotate(const float* __restrict__ inv_freq, float* x, int64_t pairs, int half, int head_dim,
                        int heads, const int64_t* __restrict__ positions, float sign) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int i = static_cast<int>(n % half);
+  const float frequency = n < pairs ? inv_freq[i] : 0.0f;  // before the wait: no kernel writes it
   let_next_start();
   wait_for_inputs();
-  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (n >= pairs) return;
-  const int i = static_cast<int>(n % half);
   const int64_t row = n / half;  // token · heads + head
   const int64_t token = row / heads;
   float* p = x + row * head_dim + (head_dim - 2 * half) + 2 * i;
-  rotate_pair(p[0], p[1], positions[token], inv_freq[i], sign);
+  rotate_pair(p[0], p[1], positions[token], frequency, sign);
 }
 
 // The pieces of one norm_rotate launch: piece p's rows are blocks [first[p], first[p + 1]).
@@ -55,27 +56,34 @@ __global__ void __launch_bounds__(1024)
     norm_rotate(const float* __restrict__ inv_freq, const __grid_constant__ NormRopeLaunch a, float eps, int head_dim,
                 int rope_start, const int64_t* __restrict__ positions) {
   __shared__ float partial[32];
-  let_next_start();
-  wait_for_inputs();
   int p = 0;
   while (p + 1 < a.count && int64_t{blockIdx.x} >= a.first[p + 1]) ++p;
   const NormRopePiece& piece = a.piece[p];
   const int64_t row = blockIdx.x - a.first[p], token = row / piece.heads;
-  float* xr = piece.x + row * head_dim;
   const int chunk = threadIdx.x, first = 4 * chunk;
   const bool inside = first < head_dim;
+  // The weight and the pairs' frequencies before the wait: no kernel writes them, and a
+  // block started early has them at hand when x is ready.
   Chunk<4> v{}, w{};
+  float frequency[2] = {};
   if (inside) {
-    v = load<4>(xr, chunk);
     w = piece.weight ? load<4>(piece.weight, chunk) : Chunk<4>{{1.0f, 1.0f, 1.0f, 1.0f}};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (const int c = first + 2 * q; c >= rope_start) frequency[q] = inv_freq[(c - rope_start) / 2];
+    }
   }
+  let_next_start();
+  wait_for_inputs();
+  float* xr = piece.x + row * head_dim;
+  if (inside) v = load<4>(xr, chunk);
   const float squares = warps_sum(add_squares(0.0f, v), partial, static_cast<int>(blockDim.x) / kWarp);
   if (!inside) return;
   v = scaled<true>(v, w, 1.0f / sqrtf(squares / static_cast<float>(head_dim) + eps));
 #pragma unroll
-  for (int p = 0; p < 2; ++p) {
-    if (const int c = first + 2 * p; c >= rope_start) {
-      rotate_pair(v.v[2 * p], v.v[2 * p + 1], positions[token], inv_freq[(c - rope_start) / 2], 1.0f);
+  for (int q = 0; q < 2; ++q) {
+    if (const int c = first + 2 * q; c >= rope_start) {
+      rotate_pair(v.v[2 * q], v.v[2 * q + 1], positions[token], frequency[q], 1.0f);
     }
   }
   store(xr, chunk, v);
