@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -1473,7 +1474,10 @@ std::vector<float> GpuModel::forward(DeviceSequence& sequence, std::span<const i
 // piece's shape (its node and edge count) changes where compressor windows close; a
 // bucket's piece keeps an executable graph per shape. The first pieces are small, so
 // that the device starts soon after the host does, and later ones larger, so that few
-// boundaries between graphs remain, while the host captures ahead of the device.
+// boundaries between graphs remain, while the host captures ahead of the device. A step
+// begun while the device still runs the call before (pipelined: the host is a call
+// ahead) runs as one piece, the embedding and every layer: its start waits on the call
+// before anyway, and each boundary between graphs costs the device a gap.
 // Padded rows are copies of row 0 (its token, position and attention output), so they
 // read no other experts, and every kernel computes a row alone, so no real row changes:
 // a step gives the same bits from graphs as launched.
@@ -1491,7 +1495,7 @@ struct GpuModel::DecodeGraphs {
     cudaGraphExec_t exec = nullptr;
   };
   Workspace work;
-  std::map<std::pair<int64_t, int>, std::vector<Shape>> by_piece;  // (bucket, piece): most recent last
+  std::map<std::tuple<int64_t, bool, int>, std::vector<Shape>> by_piece;  // (bucket, ahead, piece): most recent last
   int64_t sized_for = 0;  // the largest bucket run: every buffer fits it
   DecodeGraphCounts counts;  // counts.on: whether decode steps take graphs
 
@@ -1516,8 +1520,9 @@ struct GpuModel::DecodeGraphs {
 
 namespace {
 
-// Layers in piece p (from 1) of a decode step: 1, 2, 4, 8, ...
-int step_piece_layers(int piece) { return 1 << std::min(piece - 1, 20); }
+// Layers in piece p (from 1) of a decode step: 1, 2, 4, 8, ...; all of them where the
+// host is a call ahead (DecodeGraphs).
+int step_piece_layers(int piece, bool ahead, int layers) { return ahead ? layers : 1 << std::min(piece - 1, 20); }
 
 // One decode step's pieces, each launched as it comes (no graphs, or the first step of a
 // new largest bucket), or captured, the executable graph of its bucket, piece and shape
@@ -1526,8 +1531,8 @@ int step_piece_layers(int piece) { return 1 << std::min(piece - 1, 20); }
 // runs launch by launch: a graph never fails a step that would run without.
 class StepPieces {
  public:
-  StepPieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, cudaStream_t stream)
-      : graphs_(graphs), bucket_(bucket), stream_(stream) {
+  StepPieces(GpuModel::DecodeGraphs* graphs, int64_t bucket, bool ahead, cudaStream_t stream)
+      : graphs_(graphs), bucket_(bucket), ahead_(ahead), stream_(stream) {
     if (!graphs_) return;
     if (bucket_ > graphs_->sized_for) {
       graphs_->clear();
@@ -1572,7 +1577,7 @@ class StepPieces {
     cudaError_t status = cudaGraphGetNodes(graph, nullptr, &shape.nodes);
     if (status == cudaSuccess) status = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &shape.edges);
     if (status != cudaSuccess) return status;
-    std::vector<GpuModel::DecodeGraphs::Shape>& shapes = graphs_->by_piece[{bucket_, piece}];
+    std::vector<GpuModel::DecodeGraphs::Shape>& shapes = graphs_->by_piece[{bucket_, ahead_, piece}];
     const auto same = std::find_if(shapes.begin(), shapes.end(), [&](const auto& s) {
       return s.nodes == shape.nodes && s.edges == shape.edges;
     });
@@ -1611,6 +1616,7 @@ class StepPieces {
 
   GpuModel::DecodeGraphs* graphs_;
   int64_t bucket_;
+  bool ahead_;
   cudaStream_t stream_;
   bool capture_ = false, made_ = false;
 };
@@ -1829,15 +1835,19 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     // Plans stage copies that point into the workspace, so what every plan of a piece uses
     // is grown before the first is made.
     for (int l = 0; l < layers; ++l) reserve_attention(step(l), attention_projections_of(ws, layers_[l]));
-    StepPieces pieces(graphs, bucket, stream_);
-    pieces.run(0, embed);
+    // The device still runs the call before (begun, not collected): the embedding goes
+    // into the one piece.
+    const bool ahead = before && !before->results && layers > 0;
+    StepPieces pieces(graphs, bucket, ahead, stream_);
+    if (!ahead) pieces.run(0, embed);
     for (int first = 0, piece = 1; first < layers; ++piece) {
-      const int end = std::min(layers, first + step_piece_layers(piece));
+      const int end = std::min(layers, first + step_piece_layers(piece, ahead, layers));
       for (int l = first; l < end; ++l) reserve_closing(step(l), layers_[l], l, parts);
       std::vector<AttentionPlan> plans;
       for (int l = first; l < end; ++l) plans.push_back(plan_attention(step(l), layers_[l], l, parts));
       flush_staged(step(first));
       pieces.run(piece, [&] {
+        if (ahead && first == 0) embed();
         for (int l = first; l < end; ++l) {
           attend_planned(step(l), layers_[l], l, plans[static_cast<size_t>(l - first)]);
           if (side_) side_->rejoin(stream_);
