@@ -19,10 +19,11 @@
 // so a row's result never depends on what else is in the call.
 //
 // Decode steps (one token per sequence, up to 256 sequences) run as a few CUDA graphs
-// each, per batch-size bucket: the layers in pieces of 1, 2, 4, 8, ... layers, each
-// piece's attention cores planned first, its launches captured and the executable graph
-// of its bucket, piece and shape updated to them (DecodeGraphs in the .cpp). Steps may be pipelined (begin, finish): the next step is enqueued while
-// this one runs, its tokens picked on the device.
+// each, per batch-size bucket: the layers in pieces of 1, 2, 4, 8, ... layers (one piece
+// for a step begun while the call before runs), each piece's attention cores planned
+// first, its launches captured and the executable graph of its bucket, piece and shape
+// updated to them (DecodeGraphs in the .cpp). Steps may be pipelined (begin, finish):
+// the next step is enqueued while this one runs, its tokens picked on the device.
 //
 // What is not here yet: tensor-core attention for decode and verify, and speculation
 // inside the batched engine, which does not pipeline its steps either.
