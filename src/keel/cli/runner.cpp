@@ -71,6 +71,7 @@ class GpuExecutor final : public Executor {
     model_->begin(device_chunks(batch), choices);
   }
   std::vector<std::optional<RowSummary>> finish_choices() const override { return model_->finish(); }
+  bool picks(const SamplingParams& params) const override { return model_->picks(params); }
   const Plan& plan() const override { return model_->plan(); }
   std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
   std::unique_ptr<SpeculativeTarget> speculative_target() const override {

@@ -1964,6 +1964,10 @@ std::vector<std::optional<RowSummary>> GpuModel::forward(std::span<const DeviceC
   return finish();
 }
 
+bool GpuModel::picks(const SamplingParams& params) const {
+  return top_kernels_->sample && pick_kind(params) != PickKind::candidates;
+}
+
 void GpuModel::require_idle(const char* what) const {
   if (!begun_.empty()) fail(ErrorCode::usage, {}, fmt::format("{} while a begun call is not finished", what));
 }

@@ -26,7 +26,7 @@
 // the next step is enqueued while this one runs, its tokens picked on the device.
 //
 // What is not here yet: tensor-core attention for decode and verify, and speculation
-// inside the batched engine, which does not pipeline its steps either.
+// inside the batched engine (which pipelines its decode steps through begin and finish).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -184,6 +184,9 @@ class GpuModel {
   // needs none (Error(usage) otherwise).
   void begin(std::span<const DeviceChunk> batch, std::span<const std::optional<RowChoice>> choices) const;
   std::vector<std::optional<RowSummary>> finish() const;
+  // Whether a chunk chosen with `params` can be picked from (the sampling kernel planned,
+  // and no draw among candidates).
+  bool picks(const SamplingParams& params) const;
 
   // --- The MTP layer and speculative decoding (model.h's counterparts) ---
   bool has_draft() const { return has_draft_; }

@@ -67,6 +67,10 @@ class Executor {
   virtual void begin_choices(std::span<const SequenceChunk> batch,
                              std::span<const std::optional<RowChoice>> choices) const;
   virtual std::vector<std::optional<RowSummary>> finish_choices() const;
+  // Whether a chunk of the next begun call may take its token from a chunk chosen with
+  // `params` (pick_of): ops/sampling.h's PickKind here; a GPU also needs its sampling
+  // kernel planned.
+  virtual bool picks(const SamplingParams& params) const { return pick_kind(params) != PickKind::candidates; }
   virtual const Plan& plan() const = 0;
   virtual std::string device() const = 0;  // "cpu (16 threads)", "cuda:0 (NVIDIA H200)"
 

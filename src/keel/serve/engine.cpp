@@ -145,13 +145,14 @@ EngineStats Engine::stats() const {
           .running = running_count_.load(),
           .state_bytes = state_bytes_.load(),
           .state_in_use = state_in_use_.load(),
-          .preemptions = metrics_.preemptions.load()};
+          .preemptions = metrics_.preemptions.load(),
+          .pipelined_steps = metrics_.pipelined_steps.load()};
 }
 
 void Engine::finish(Active& a, Finish why, std::string error) {
   if (a.done) return;
   a.done = true;
-  a.sequence.reset();  // frees the state
+  release(a);
   metrics_.finished.add(std::string(name(why)));
   metrics_.e2e.observe(std::chrono::duration<double>(Clock::now() - a.submitted).count());
   GenerationEvent ev{.finish = why,
@@ -211,7 +212,7 @@ void Engine::emit_token(Active& a, int32_t token, const RowSummary& row) {
   if (why != Finish::none) {
     ev.finish = why;
     a.done = true;
-    a.sequence.reset();
+    release(a);
     metrics_.finished.add(std::string(name(why)));
     metrics_.e2e.observe(std::chrono::duration<double>(now - a.submitted).count());
   }
@@ -331,10 +332,15 @@ void Engine::enqueue(std::unique_ptr<Active> a, bool first_of_priority) {
 bool Engine::step() {
   std::vector<std::unique_ptr<Active>> dropped;  // cancelled or timed out while queued
   const auto now = Clock::now();
+  bool queued = false;
   {
     std::unique_lock lock(mutex_);
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty(); });
-    if (stopping_) return false;
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !running_.empty() || flight_; });
+    if (stopping_) {
+      lock.unlock();
+      if (flight_) settle();
+      return false;
+    }
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->handle->cancelled() || now > (*it)->deadline) {
         dropped.push_back(std::move(*it));
@@ -343,6 +349,20 @@ bool Engine::step() {
         ++it;
       }
     }
+    queued = !queue_.empty();
+  }
+  for (auto& a : dropped) finish(*a, a->handle->cancelled() ? Finish::cancelled : Finish::timeout);
+  dropped.clear();
+  // A begun step goes on, pipelined, while its requests all run it and nothing waits to
+  // be admitted; otherwise it is read first, so that admission, preemption and prefix
+  // snapshots see every request's state as it is.
+  if (flight_ && !queued && continues()) {
+    continue_flight();
+    return true;
+  }
+  if (flight_) settle();
+  {
+    std::unique_lock lock(mutex_);
     while (!queue_.empty()) {
       Active& a = *queue_.front();
       const bool room = running_.size() < static_cast<size_t>(limits_.max_running) &&
@@ -365,7 +385,6 @@ bool Engine::step() {
     }
     running_count_ = running_.size();
   }
-  for (auto& a : dropped) finish(*a, a->handle->cancelled() ? Finish::cancelled : Finish::timeout);
 
   for (auto& a : running_) {
     if (a->handle->cancelled()) finish(*a, Finish::cancelled);
@@ -413,23 +432,137 @@ bool Engine::step() {
       choices.emplace_back();
     }
   }
+  begin(work, chunks, choices);
+  // A step whose requests' next tokens the executor picks stays begun, to be read once
+  // the next step is begun (pipelined); any other is read now.
+  const bool pickable = flight_ && std::all_of(flight_->rows.begin(), flight_->rows.end(), [&](const Active* a) {
+    return !a->done && a->done_tokens() == static_cast<int64_t>(a->tokens.size()) &&
+           executor_->picks(a->request.sampling);
+  });
+  if (flight_ && !(limits_.pipelined && pickable)) settle();
+  update_stats();
+  return true;
+}
+
+// Begins the step's call (Executor::begin_choices) as the flight; a call that fails ends
+// its requests with the error, and the other running requests go on.
+void Engine::begin(std::vector<std::pair<Active*, int>>& work, std::vector<SequenceChunk>& chunks,
+                   std::vector<std::optional<RowChoice>>& choices) {
+  if (work.empty()) return;
+  try {
+    executor_->begin_choices(chunks, choices);
+  } catch (const std::exception& e) {
+    // The step's sequences may be part-way through it.
+    for (auto& [a, n] : work) finish(*a, Finish::error, e.what());
+    return;
+  }
+  Flight next;
+  for (auto& [a, n] : work) next.rows.push_back(a);
+  if (flight_) {  // pipelined: the step before is read now
+    metrics_.pipelined_steps++;
+    Flight before = std::move(*flight_);
+    flight_ = std::move(next);
+    read(before);
+  } else {
+    flight_ = std::move(next);
+  }
+}
+
+// Whether every running request is in the flight, with its next token to be picked from
+// it, and still wanted: none cancelled or past its deadline.
+bool Engine::continues() const {
+  const auto now = Clock::now();
+  if (running_.empty()) return false;
+  for (const auto& a : running_) {
+    if (a->done || !flight_->holds(a.get()) || a->handle->cancelled() || now > a->deadline) return false;
+  }
+  return true;
+}
+
+// The next decode step of the flight's requests, begun before the flight is read: each
+// takes its token from its row of the flight (picked by the executor) and the draw after
+// the one in flight. A request that the token in flight ends (max_tokens, the context)
+// sits it out; one that it ends otherwise (EOS, a stop string) runs one token more, read
+// and dropped. If that step's state does not fit, the flight is read instead and the
+// next step admits, preempts and snapshots as usual.
+void Engine::continue_flight() {
+  std::vector<std::pair<Active*, int>> work;
+  std::vector<SequenceChunk> chunks;
+  std::vector<std::optional<RowChoice>> choices;
+  const int64_t context = model_.config().max_position_embeddings;
+  for (size_t i = 0; i < flight_->rows.size(); ++i) {
+    Active* a = flight_->rows[i];
+    if (a->done || a->generated + 1 >= a->request.max_tokens ||
+        static_cast<int64_t>(a->tokens.size()) + 1 >= context) {
+      continue;
+    }
+    work.emplace_back(a, 1);
+    chunks.push_back({a->sequence.get(), {}, static_cast<int>(i)});
+    choices.push_back(RowChoice{a->request.sampling, a->sampler.draws() + 1, std::max(1, a->request.top_logprobs)});
+  }
+  const auto growth = [&] {
+    uint64_t bytes = 0;
+    for (const auto& [a, n] : work) bytes += executor_->state_growth(a->sequence.get(), n);
+    return bytes;
+  };
+  if (work.empty() || !make_room(growth)) {
+    settle();
+    update_stats();
+    return;
+  }
+  metrics_.steps++;
+  metrics_.batch_size.observe(static_cast<double>(work.size()));
+  metrics_.step_tokens.observe(static_cast<double>(work.size()));
+  begin(work, chunks, choices);
+  update_stats();
+}
+
+void Engine::settle() {
+  Flight flight = std::move(*flight_);
+  flight_.reset();
+  read(flight);
+}
+
+// Reads `flight`, the oldest begun call (Executor::finish_choices): each request's token
+// sampled and emitted, snapshots of prompts that reached a block boundary kept. A call
+// that fails ends its requests with the error.
+void Engine::read(Flight& flight) {
   std::vector<std::optional<RowSummary>> rows;
   try {
-    rows = executor_->forward_choices(chunks, choices);
+    rows = executor_->finish_choices();
   } catch (const std::exception& e) {
-    // The step's sequences may be part-way through it: their requests end with the
-    // error; the other running requests go on.
-    for (auto& [a, n] : work) finish(*a, Finish::error, e.what());
-    work.clear();
+    for (Active* a : flight.rows) finish(*a, Finish::error, e.what());
   }
-  for (size_t i = 0; i < work.size(); ++i) {
-    Active& a = *work[i].first;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Active& a = *flight.rows[i];
+    if (a.done) continue;  // ended meanwhile: its row is dropped
     remember_prefix(a);
     if (rows[i]) emit_token(a, a.sampler.next(*rows[i]), *rows[i]);
   }
+  retire_done();
+}
 
-  std::erase_if(running_, [](const auto& a) { return a->done; });
+bool Engine::Flight::holds(const Active* a) const { return std::find(rows.begin(), rows.end(), a) != rows.end(); }
 
+// Drops the requests that ended from the running batch; those the flight still runs are
+// kept with it until it is read.
+void Engine::retire_done() {
+  for (auto& a : running_) {
+    if (a->done && flight_ && flight_->holds(a.get())) flight_->ended.push_back(std::move(a));
+  }
+  std::erase_if(running_, [](const auto& a) { return !a || a->done; });
+}
+
+void Engine::release(Active& a) {
+  if (flight_ && flight_->holds(&a)) {
+    flight_->states.push_back(std::move(a.sequence));
+  } else {
+    a.sequence.reset();
+  }
+}
+
+void Engine::update_stats() {
+  retire_done();
   uint64_t running = 0;
   for (const auto& a : running_) running += a->sequence->bytes();
   state_bytes_ = running;
@@ -439,7 +572,6 @@ bool Engine::step() {
   metrics_.prefix_hits = prefix_cache_.hits();
   metrics_.prefix_hit_tokens = prefix_cache_.hit_tokens();
   metrics_.prefix_bytes = prefix_cache_.bytes();
-  return true;
 }
 
 void Engine::write_metrics(std::string& out) const {
@@ -458,6 +590,8 @@ void Engine::write_metrics(std::string& out) const {
   write_gauge(out, "keel_prefix_cache_bytes", "Bytes of the state the prefix snapshots refer to (blocks they share counted in each)", static_cast<double>(metrics_.prefix_bytes.load()));
   write_counter(out, "keel_preemptions_total", "Requests preempted (state dropped, recomputed later)", metrics_.preemptions.load());
   write_counter(out, "keel_engine_steps_total", "Engine steps", metrics_.steps.load());
+  write_counter(out, "keel_engine_pipelined_steps_total", "Engine steps begun before the step before was read",
+                metrics_.pipelined_steps.load());
   write_gauge(out, "keel_queue_depth", "Requests waiting", static_cast<double>(s.queued));
   write_gauge(out, "keel_running_requests", "Requests in the running batch", static_cast<double>(s.running));
   write_gauge(out, "keel_state_bytes", "Sequence-state bytes of the running requests", static_cast<double>(s.state_bytes));

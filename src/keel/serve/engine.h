@@ -17,7 +17,11 @@
 //      any chunking and the request keeps its sampler, so it produces the same tokens.
 //   5. runs one batched forward over every request's chunk, samples the next token of
 //      every request whose input is all processed, decodes it, applies EOS / stop
-//      strings / max_tokens and hands the new text to the request's sink,
+//      strings / max_tokens and hands the new text to the request's sink; a step of
+//      decoding requests alone, whose tokens the executor can pick without the host
+//      (greedy or whole-row sampling), may be pipelined (EngineLimits::pipelined): the next
+//      step is begun before this one's tokens are read, its tokens picked from this
+//      one's summaries (Executor::begin_choices), while nothing is queued,
 //   6. keeps a snapshot of a request's state at each prompt block boundary it reaches
 //      (prefix caching; a new request resumes from the longest cached prefix of its
 //      prompt). On the CPU the state is paged (model/block_pool.h) and a snapshot
@@ -56,6 +60,10 @@ struct EngineLimits {
   uint64_t prefix_cache_bytes = 64ull << 20;  // at most this much state referred to by prefix snapshots (0: none)
   int prefix_block = 64;        // prompt prefixes are cached at multiples of this
   std::chrono::milliseconds timeout{600'000};  // per request, from submission
+  // Decode steps begun a step ahead where every request's next token can be picked by
+  // the executor (docs/serve.md). The tokens are the same either way. Off until the
+  // engine's pipelined steps have run on a GPU.
+  bool pipelined = false;
 };
 
 struct GenerationRequest {
@@ -109,6 +117,7 @@ struct EngineStats {
   uint64_t state_bytes = 0;   // the running requests' state
   uint64_t state_in_use = 0;  // what the budget limits: running requests and prefix snapshots
   uint64_t preemptions = 0;  // since the start
+  uint64_t pipelined_steps = 0;  // steps begun before the step before was read, since the start
 };
 
 class Engine {
@@ -134,6 +143,16 @@ class Engine {
 
  private:
   struct Active;
+  // A step begun and not yet read (its summaries come from Executor::finish_choices):
+  // each chunk's request, and what must outlive the step: the requests that ended while
+  // it ran (a request's last token can come a step after the next was begun) and their
+  // state.
+  struct Flight {
+    std::vector<Active*> rows;
+    std::vector<std::unique_ptr<Active>> ended;
+    std::vector<std::unique_ptr<SequenceState>> states;
+    bool holds(const Active* a) const;
+  };
   void start();  // checks the limits, starts the thread
   void enqueue(std::unique_ptr<Active> a, bool first_of_priority);  // mutex_ held
   void preempt(std::unique_ptr<Active> a);  // mutex_ held
@@ -145,6 +164,15 @@ class Engine {
   void remember_prefix(const Active& a);
   void loop();
   bool step();  // false when idle
+  bool continues() const;  // whether the flight's requests can run the next step, pipelined
+  void continue_flight();
+  void begin(std::vector<std::pair<Active*, int>>& work, std::vector<SequenceChunk>& chunks,
+             std::vector<std::optional<RowChoice>>& choices);
+  void settle();  // reads the flight's tokens; none is then begun
+  void read(Flight& flight);
+  void retire_done();
+  void update_stats();  // the running requests' state and the prefix cache's, for stats()
+  void release(Active& a);  // frees a's state, or keeps it until the flight that runs it is read
   void finish(Active& a, Finish why, std::string error = {});
   void emit_token(Active& a, int32_t token, const RowSummary& row);
 
@@ -160,6 +188,7 @@ class Engine {
   std::deque<std::unique_ptr<Active>> queue_;  // guarded by mutex_
   bool stopping_ = false;                       // guarded by mutex_
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::optional<Flight> flight_;                  // engine thread only
   std::atomic<size_t> running_count_{0};
   std::atomic<uint64_t> state_bytes_{0}, state_in_use_{0};
   uint64_t next_order_ = 0;

@@ -45,7 +45,7 @@ void write_gauge(std::string& out, std::string_view name, std::string_view help,
 
 struct EngineMetrics {
   std::atomic<uint64_t> requests_submitted{0}, requests_rejected{0}, prompt_tokens{0},
-      generation_tokens{0}, preemptions{0}, steps{0};
+      generation_tokens{0}, preemptions{0}, steps{0}, pipelined_steps{0};
   // The prefix cache's counters, copied from the engine thread after each step.
   std::atomic<uint64_t> prefix_queries{0}, prefix_hits{0}, prefix_hit_tokens{0}, prefix_bytes{0};
   LabeledCounter finished;  // by finish reason
