@@ -3,13 +3,13 @@
 // chunked prefill, preemption, stop strings, cancellation, queue limits and timeouts.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/error.h"
+#include "engine_scenarios.h"
 #include "model/model.h"
 #include "ops/sampling.h"
 #include "serve/engine.h"
@@ -31,40 +31,6 @@ const Demo& demo() {
   return d;
 }
 
-// What one request received.
-struct Outcome {
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::string text;
-  Finish finish = Finish::none;
-  std::string error;
-  int prompt_tokens = 0, completion_tokens = 0;
-
-  Sink sink() {
-    return [this](GenerationEvent&& ev) {
-      std::lock_guard lock(mutex);
-      if (ev.token) tokens.push_back(*ev.token);
-      text += ev.text;
-      if (ev.finish != Finish::none) {
-        finish = ev.finish;
-        error = ev.error;
-        prompt_tokens = ev.prompt_tokens;
-        completion_tokens = ev.completion_tokens;
-        cv.notify_all();
-      }
-    };
-  }
-  void wait() {
-    std::unique_lock lock(mutex);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return finish != Finish::none; }));
-  }
-  size_t token_count() {
-    std::lock_guard lock(mutex);
-    return tokens.size();
-  }
-};
-
 // The reference: a plain loop over the whole prompt, then one token at a time.
 std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int max_tokens, SamplingParams sampling = {},
                                bool ignore_eos = false) {
@@ -84,14 +50,6 @@ std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int max_token
 
 std::vector<int32_t> prompt_of(const std::string& text) { return demo().tokenizer.encode(text, true); }
 
-const std::vector<std::string> kPrompts = {
-    "It was a fine morning, and Elizabeth",
-    "The carriage stopped at the door of the house, and",
-    "Mr. Darcy said nothing for a while.",
-    "She could not help laughing at",
-    "In the evening the whole party went",
-    "Nothing could be more delightful than",
-};
 
 TEST(ServeEngine, GreedyEqualsPlainLoop) {
   Engine engine(*demo().model, demo().tokenizer);
@@ -399,60 +357,17 @@ TEST(ServeEngine, StopStringEndsTheTextBeforeIt) {
   EXPECT_LT(out.tokens.size(), tokens.size());
 }
 
-// Pipelined steps (EngineLimits::pipelined: each decode step begun before the step before
-// is read, its tokens picked from that step's summaries) give every request the same
-// tokens, text and ending as steps read one by one: greedy and whole-row sampled
-// requests (pipelined), a top-k one among them for a while (whose steps are read at
-// once), requests ending by max_tokens, by a stop string and by EOS part-way through, and
-// a request submitted while the others decode (the begun step is read before it is
-// admitted). The waited engine pipelines nothing; the pipelined one most of its steps.
+// Pipelined steps give every request the same tokens, text and ending as steps read one
+// by one (tests/engine_scenarios.h), on the CPU.
 TEST(ServeEngine, PipelinedStepsGiveTheSameTokensAsStepsReadOneByOne) {
-  const auto greedy_tokens = reference(prompt_of(kPrompts[0]), 40);
-  const std::string full = demo().tokenizer.decode(greedy_tokens);
-  const std::string stop = full.substr(full.size() / 2, 3);
-  struct Run {
-    std::vector<std::unique_ptr<Outcome>> outcomes;
-    EngineStats stats;
+  const auto engine = [](EngineLimits limits) {
+    return std::make_unique<Engine>(*demo().model, demo().tokenizer, limits);
   };
-  const auto run = [&](bool pipelined) {
-    Run r;
-    Engine engine(*demo().model, demo().tokenizer, {.max_running = 8, .pipelined = pipelined});
-    const auto submit = [&](GenerationRequest request) {
-      r.outcomes.push_back(std::make_unique<Outcome>());
-      ASSERT_TRUE(engine.submit(std::move(request), r.outcomes.back()->sink()));
-    };
-    submit({.prompt = prompt_of(kPrompts[0]), .max_tokens = 40, .stop = {stop}});
-    submit({.prompt = prompt_of(kPrompts[1]), .max_tokens = 33});
-    submit({.prompt = prompt_of(kPrompts[2]), .max_tokens = 41, .sampling = {.temperature = 0.8f, .seed = 5}});
-    submit({.prompt = prompt_of(kPrompts[3]), .max_tokens = 9, .sampling = {.temperature = 0.9f, .top_k = 20, .seed = 2}});
-    submit({.prompt = prompt_of(kPrompts[4]), .max_tokens = 50, .ignore_eos = true});
-    submit({.prompt = prompt_of(kPrompts[5]), .max_tokens = 50});
-    while (r.outcomes[1]->token_count() < 12) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    submit({.prompt = prompt_of(kPrompts[2] + " " + kPrompts[4]), .max_tokens = 17,
-            .sampling = {.temperature = 1.2f, .seed = 9}});
-    for (auto& o : r.outcomes) o->wait();
-    // The engine thread frees the last state after the last event: a leak stays.
-    for (int i = 0; i < 5000 && engine.stats().state_in_use != 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    r.stats = engine.stats();
-    return r;
-  };
-  const Run waited = run(false), pipelined = run(true);
-  ASSERT_EQ(waited.outcomes.size(), pipelined.outcomes.size());
-  for (size_t i = 0; i < waited.outcomes.size(); ++i) {
-    const Outcome &w = *waited.outcomes[i], &p = *pipelined.outcomes[i];
-    EXPECT_EQ(p.tokens, w.tokens) << "request " << i;
-    EXPECT_EQ(p.text, w.text) << "request " << i;
-    EXPECT_EQ(p.finish, w.finish) << "request " << i;
-    EXPECT_EQ(p.completion_tokens, w.completion_tokens) << "request " << i;
-  }
-  EXPECT_EQ(waited.outcomes[0]->finish, Finish::stop);
+  const std::string stop = pipelining_stop(engine, demo().tokenizer);
+  const ScenarioRun waited = run_pipelining_scenario(engine, demo().tokenizer, stop, false);
+  const ScenarioRun pipelined = run_pipelining_scenario(engine, demo().tokenizer, stop, true);
+  expect_same_outcomes(waited, pipelined);
   EXPECT_EQ(waited.outcomes[1]->tokens, reference(prompt_of(kPrompts[1]), 33));
-  EXPECT_EQ(waited.outcomes[4]->tokens.size(), 50u);
-  EXPECT_EQ(waited.stats.pipelined_steps, 0u);
-  EXPECT_GT(pipelined.stats.pipelined_steps, 20u);
-  EXPECT_EQ(pipelined.stats.state_in_use, 0u);  // every state freed, those that ran a step past their end too
 }
 
 TEST(ServeEngine, CancelledRequestStopsAndFreesItsState) {

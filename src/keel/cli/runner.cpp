@@ -8,8 +8,8 @@
 #include "plan/expert_split.h"
 #if KEEL_HAVE_CUDA
 #include "cuda/device.h"
+#include "cuda/gpu_executor.h"
 #include "cuda/gpu_model.h"
-#include "cuda/speculative_target.h"
 #endif
 #if KEEL_HAVE_NCCL
 #include "parallel/expert_parallel.h"
@@ -18,94 +18,6 @@
 
 namespace keel::cli {
 namespace {
-
-#if KEEL_HAVE_CUDA
-// The executor's side of a GPU's paged state pool (cuda/device_block_pool.h).
-uint64_t pool_bytes(const cuda::GpuModel& m, int64_t blocks) { return blocks * m.state_pool().block_bytes(); }
-uint64_t pool_capacity(const cuda::GpuModel& m, uint64_t bytes) {
-  return std::min<uint64_t>(bytes / m.state_pool().block_bytes(), INT64_MAX);
-}
-
-struct GpuSequence final : SequenceState {
-  cuda::DeviceSequence sequence;
-  int64_t length() const override { return sequence.length; }
-  uint64_t bytes() const override { return sequence.state_bytes(); }
-};
-
-class GpuExecutor final : public Executor {
- public:
-  GpuExecutor(std::unique_ptr<cuda::GpuModel> model, int device, std::string name)
-      : model_(std::move(model)), index_(device), name_(std::move(name)) {}
-  std::unique_ptr<SequenceState> new_sequence() const override {
-    auto s = std::make_unique<GpuSequence>();
-    s->sequence = model_->new_sequence();
-    return s;
-  }
-  std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override {
-    auto s = std::make_unique<GpuSequence>();
-    s->sequence = model_->clone(static_cast<const GpuSequence&>(sequence).sequence);
-    return s;
-  }
-  uint64_t state_in_use() const override { return pool_bytes(*model_, model_->state_pool().used()); }
-  uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const override {
-    return pool_bytes(*model_, sequence ? model_->blocks_needed(static_cast<const GpuSequence*>(sequence)->sequence, tokens)
-                                        : model_->blocks_needed(model_->new_sequence(), tokens));
-  }
-  void limit_state(uint64_t bytes) const override {
-    model_->state_pool().set_capacity(static_cast<int64_t>(pool_capacity(*model_, bytes)));
-  }
-  std::vector<float> forward(SequenceState& sequence, std::span<const int32_t> tokens, LogitRows rows) const override {
-    return model_->forward(static_cast<GpuSequence&>(sequence).sequence, tokens, rows);
-  }
-  std::vector<std::vector<float>> forward_batch(std::span<const SequenceChunk> batch,
-                                                LogitRows rows) const override {
-    std::vector<cuda::DeviceChunk> chunks;
-    return model_->forward(device_chunks(batch), rows);
-  }
-  std::vector<std::optional<RowSummary>> forward_choices(
-      std::span<const SequenceChunk> batch, std::span<const std::optional<RowChoice>> choices) const override {
-    return model_->forward(device_chunks(batch), choices);
-  }
-  void begin_choices(std::span<const SequenceChunk> batch,
-                     std::span<const std::optional<RowChoice>> choices) const override {
-    model_->begin(device_chunks(batch), choices);
-  }
-  std::vector<std::optional<RowSummary>> finish_choices() const override { return model_->finish(); }
-  bool picks(const SamplingParams& params) const override { return model_->picks(params); }
-  const Plan& plan() const override { return model_->plan(); }
-  std::string device() const override { return fmt::format("cuda:{} ({})", index_, name_); }
-  std::unique_ptr<SpeculativeTarget> speculative_target() const override {
-    return std::make_unique<cuda::GpuSpeculativeTarget>(*model_);
-  }
-  double measure_bandwidth(uint64_t bytes) const override { return cuda::copy_bandwidth(index_, bytes, 10); }
-  double measure_tensor_throughput() const override { return cuda::mma_bf16_throughput(index_, 5); }
-  std::optional<Memory> device_memory() const override {
-    const cuda::MemoryInfo m = cuda::memory_info(index_);
-    return Memory{m.free, m.total};
-  }
-  void set_profiling(bool on) override { model_->set_profiling(on); }
-  std::map<std::string, double> profile() const override { return model_->profile(); }
-  std::string decode_graphs() const override {
-    const cuda::DecodeGraphCounts c = model_->decode_graph_counts();
-    if (!c.failure.empty()) return "off after a capture failed (" + c.failure + "); steps launch kernel by kernel";
-    if (!c.on) return "off (--eager)";
-    return fmt::format("on: {} steps made graphs, {} steps ran updated ones", c.captured, c.replayed);
-  }
-
- private:
-  static std::vector<cuda::DeviceChunk> device_chunks(std::span<const SequenceChunk> batch) {
-    std::vector<cuda::DeviceChunk> chunks;
-    for (const SequenceChunk& c : batch) {
-      chunks.push_back({&static_cast<GpuSequence*>(c.sequence)->sequence, c.tokens, c.pick_of});
-    }
-    return chunks;
-  }
-
-  std::unique_ptr<cuda::GpuModel> model_;
-  int index_;
-  std::string name_;
-};
-#endif
 
 #if KEEL_HAVE_NCCL
 // Every rank holds the same state (attention is replicated), so a sequence's bytes are
@@ -126,16 +38,16 @@ class ParallelExecutor final : public Executor {
   }
   uint64_t state_in_use() const override {
     const cuda::GpuModel& rank0 = model_->rank(0);
-    return pool_bytes(rank0, rank0.state_pool().used());
+    return cuda::pool_bytes(rank0, rank0.state_pool().used());
   }
   uint64_t state_growth(const SequenceState* sequence, int64_t tokens) const override {
     const cuda::GpuModel& rank0 = model_->rank(0);
-    return pool_bytes(rank0, sequence ? rank0.blocks_needed(static_cast<const ParallelSequence*>(sequence)->sequence.ranks.front(), tokens)
+    return cuda::pool_bytes(rank0, sequence ? rank0.blocks_needed(static_cast<const ParallelSequence*>(sequence)->sequence.ranks.front(), tokens)
                                       : rank0.blocks_needed(rank0.new_sequence(), tokens));
   }
   void limit_state(uint64_t bytes) const override {
     for (int r = 0; r < model_->gpus(); ++r) {
-      model_->rank(r).state_pool().set_capacity(static_cast<int64_t>(pool_capacity(model_->rank(r), bytes)));
+      model_->rank(r).state_pool().set_capacity(static_cast<int64_t>(cuda::pool_capacity(model_->rank(r), bytes)));
     }
   }
   std::unique_ptr<SequenceState> clone(const SequenceState& sequence) const override {
@@ -246,7 +158,7 @@ Loaded load_executor(const std::string& directory, bool quiet, const KernelOptio
                model->weight_bytes() / 1048576.0, *gpu, name, s, model->plan().summary());
   }
   if (options.verbose) fmt::print(stderr, "{}", model->plan().table());
-  l.executor = std::make_unique<GpuExecutor>(std::move(model), *gpu, name);
+  l.executor = std::make_unique<cuda::GpuExecutor>(std::move(model), *gpu, name);
   return l;
 #else
   fail(ErrorCode::usage, {.field = "--device"}, "this keel was built without CUDA; use --device cpu");
