@@ -1,6 +1,7 @@
 // The serving engine without HTTP, on the demo model: outputs against a plain loop over
 // Model::forward and Sampler (what `keel run` does), alone and in busy batches, with
-// chunked prefill, preemption, stop strings, cancellation, queue limits and timeouts.
+// chunked prefill, preemption, stop strings, cancellation, queue limits, timeouts and
+// pipelined steps.
 #include <gtest/gtest.h>
 
 #include <mutex>
