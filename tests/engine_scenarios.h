@@ -82,10 +82,11 @@ struct ScenarioRun {
 
 // Seven requests through an engine with EngineLimits::pipelined as given: greedy and
 // whole-row sampled requests (pipelined), a top-k one among them for a while (its steps
-// read at once), ends by max_tokens, by `stop` and by EOS part-way through, and a
-// request submitted while the others decode (the begun step is read before it is
-// admitted). Each request's outcome, and the engine's stats once its last state is freed
-// (the engine thread frees it after the last event; a leak stays).
+// read at once), ends by max_tokens and by `stop` part-way through (and by EOS where the
+// model emits it: not checked that it does), and a request submitted while the others
+// decode (the begun step is read before it is admitted). Each request's outcome, and
+// the engine's stats once its last state is freed (the engine thread frees it after the
+// last event; a leak stays).
 inline ScenarioRun run_pipelining_scenario(const std::function<std::unique_ptr<Engine>(EngineLimits)>& make,
                                            const Tokenizer& tokenizer, const std::string& stop, bool pipelined) {
   ScenarioRun r;
