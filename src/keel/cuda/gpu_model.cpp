@@ -1520,9 +1520,8 @@ struct GpuModel::DecodeGraphs {
 
 namespace {
 
-// Layers in piece p (from 1) of a decode step: 1, 2, 4, 8, ...; all of them where the
-// host is a call ahead (DecodeGraphs).
-int step_piece_layers(int piece, bool ahead, int layers) { return ahead ? layers : 1 << std::min(piece - 1, 20); }
+// Layers in piece p (from 1) of a decode step the device waits for: 1, 2, 4, 8, ...
+int step_piece_layers(int piece) { return 1 << std::min(piece - 1, 20); }
 
 // One decode step's pieces, each launched as it comes (no graphs, or the first step of a
 // new largest bucket), or captured, the executable graph of its bucket, piece and shape
@@ -1841,7 +1840,7 @@ int64_t GpuModel::run(std::span<const DeviceChunk> batch, std::span<const int64_
     StepPieces pieces(graphs, bucket, ahead, stream_);
     if (!ahead) pieces.run(0, embed);
     for (int first = 0, piece = 1; first < layers; ++piece) {
-      const int end = std::min(layers, first + step_piece_layers(piece, ahead, layers));
+      const int end = ahead ? layers : std::min(layers, first + step_piece_layers(piece));
       for (int l = first; l < end; ++l) reserve_closing(step(l), layers_[l], l, parts);
       std::vector<AttentionPlan> plans;
       for (int l = first; l < end; ++l) plans.push_back(plan_attention(step(l), layers_[l], l, parts));
