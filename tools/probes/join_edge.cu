@@ -12,7 +12,10 @@
 // the join between) and prints every edge of the graph with its type. Then it replays
 // the graph with the side kernel slow (it spins, then writes a flag) and reports what the
 // attention-like kernel saw of the flag before its wait and after it, in two forms: the
-// side kernel letting dependents start at once, and not at all (as keel's copy kernel).
+// side kernel letting dependents start at once, and not at all (as keel's copy kernel);
+// then the same launches on the streams, uncaptured. Where the side kernel lets
+// dependents start at once, an unset flag before the wait means the join's edge was
+// programmatic.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o join_edge join_edge.cu
 //   ./join_edge
@@ -125,10 +128,31 @@ int main() {
       zeros_before += host[0] == 0;
       zeros_after += host[1] == 0;
     }
-    std::printf("  the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
+    std::printf("  graph: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
                 zeros_before, kRuns, zeros_after);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
+
+    // The same launches on the streams, not captured (keel's eager steps and prefill).
+    zeros_before = zeros_after = 0;
+    for (int r = 0; r < kRuns; ++r) {
+      CK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
+      CK(cudaEventRecord(fork, stream));
+      CK(cudaStreamWaitEvent(side, fork));
+      side_copy<<<1, 32, 0, side>>>(flag, early);
+      CK(cudaGetLastError());
+      launch_overlapped(before, stream);
+      CK(cudaEventRecord(join, side));
+      CK(cudaStreamWaitEvent(stream, join));
+      launch_overlapped(after, stream, static_cast<const int*>(flag), seen);
+      int host[2];
+      CK(cudaMemcpyAsync(host, seen, sizeof(host), cudaMemcpyDeviceToHost, stream));
+      CK(cudaStreamSynchronize(stream));
+      zeros_before += host[0] == 0;
+      zeros_after += host[1] == 0;
+    }
+    std::printf("  streams: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
+                zeros_before, kRuns, zeros_after);
   }
   std::printf("A full edge from the side kernel (type 0, port 0) means the lists are settled at the attention's "
               "start.\n");
