@@ -77,9 +77,9 @@ int main() {
   CK(cudaMalloc(&flag, sizeof(int)));
   CK(cudaMalloc(&seen, 2 * sizeof(int)));
 
-  for (const bool early : {false, true}) {
-    cudaGraph_t graph;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // keel's shape: the flag cleared, the side kernel forked off, the stream's kernel, the
+  // join, the attention-like kernel.
+  const auto enqueue = [&](bool early) {
     CK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
     CK(cudaEventRecord(fork, stream));
     CK(cudaStreamWaitEvent(side, fork));
@@ -89,6 +89,28 @@ int main() {
     CK(cudaEventRecord(join, side));
     CK(cudaStreamWaitEvent(stream, join));
     launch_overlapped(after, stream, static_cast<const int*>(flag), seen);
+  };
+  // Runs `run` kRuns times, each waited for, and prints how often the flag was unset
+  // before and after the wait.
+  const auto count_unset = [&](const char* how, const auto& run) {
+    constexpr int kRuns = 20;
+    int zeros_before = 0, zeros_after = 0;
+    for (int r = 0; r < kRuns; ++r) {
+      run();
+      int host[2];
+      CK(cudaMemcpyAsync(host, seen, sizeof(host), cudaMemcpyDeviceToHost, stream));
+      CK(cudaStreamSynchronize(stream));
+      zeros_before += host[0] == 0;
+      zeros_after += host[1] == 0;
+    }
+    std::printf("  %s: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
+                how, zeros_before, kRuns, zeros_after);
+  };
+
+  for (const bool early : {false, true}) {
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    enqueue(early);
     CK(cudaStreamEndCapture(stream, &graph));
 
     size_t count = 0;
@@ -118,41 +140,11 @@ int main() {
 
     cudaGraphExec_t exec;
     CK(cudaGraphInstantiate(&exec, graph, 0));
-    int zeros_before = 0, zeros_after = 0;
-    constexpr int kRuns = 20;
-    for (int r = 0; r < kRuns; ++r) {
-      CK(cudaGraphLaunch(exec, stream));
-      int host[2];
-      CK(cudaMemcpyAsync(host, seen, sizeof(host), cudaMemcpyDeviceToHost, stream));
-      CK(cudaStreamSynchronize(stream));
-      zeros_before += host[0] == 0;
-      zeros_after += host[1] == 0;
-    }
-    std::printf("  graph: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
-                zeros_before, kRuns, zeros_after);
+    count_unset("graph", [&] { CK(cudaGraphLaunch(exec, stream)); });
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
-
     // The same launches on the streams, not captured (keel's eager steps and prefill).
-    zeros_before = zeros_after = 0;
-    for (int r = 0; r < kRuns; ++r) {
-      CK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
-      CK(cudaEventRecord(fork, stream));
-      CK(cudaStreamWaitEvent(side, fork));
-      side_copy<<<1, 32, 0, side>>>(flag, early);
-      CK(cudaGetLastError());
-      launch_overlapped(before, stream);
-      CK(cudaEventRecord(join, side));
-      CK(cudaStreamWaitEvent(stream, join));
-      launch_overlapped(after, stream, static_cast<const int*>(flag), seen);
-      int host[2];
-      CK(cudaMemcpyAsync(host, seen, sizeof(host), cudaMemcpyDeviceToHost, stream));
-      CK(cudaStreamSynchronize(stream));
-      zeros_before += host[0] == 0;
-      zeros_after += host[1] == 0;
-    }
-    std::printf("  streams: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
-                zeros_before, kRuns, zeros_after);
+    count_unset("streams", [&] { enqueue(early); });
   }
   std::printf("A full edge from the side kernel (type 0, port 0) means the lists are settled at the attention's "
               "start.\n");
