@@ -441,9 +441,17 @@ int main(int argc, char** argv) {
     check(cudaMalloc(reinterpret_cast<void**>(&dtable), kExperts * sizeof(keel::cuda::DeviceWeight)));
     check(cudaMemcpy(dtable, table.data(), kExperts * sizeof(keel::cuda::DeviceWeight), cudaMemcpyHostToDevice));
     using Pairs = void(const keel::cuda::DeviceWeight*, int, const keel::cuda::DeviceWeight&, const int32_t*, int64_t,
-                       int, const float*, float*, int32_t*, void*);
-    const std::pair<const char*, Pairs*> forms[] = {{"gemv", &keel::cuda::linear_pairs},
-                                                    {"mma", &keel::cuda::linear_pairs_mma}};
+                       int, const float*, float*, int32_t*, void*, keel::cuda::ExpertIds);
+    // "mma-s": the ids settled (one token's pairs ask for their weights before the wait,
+    // here while the call before runs).
+    struct Form {
+      const char* name;
+      Pairs* run;
+      keel::cuda::ExpertIds ids;
+    };
+    const Form forms[] = {{"gemv", &keel::cuda::linear_pairs, keel::cuda::ExpertIds::just_written},
+                          {"mma", &keel::cuda::linear_pairs_mma, keel::cuda::ExpertIds::just_written},
+                          {"mma-s", &keel::cuda::linear_pairs_mma, keel::cuda::ExpertIds::settled}};
     fmt::print("\nrouted experts: {} of {}x{} mxfp4 ({:.1f} MiB each), {} per token\n", kExperts, out, in,
                table[0].bytes / 1048576.0, kPerToken);
     fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10} {:>10} {:>8}\n", "tokens", "pairs", "experts", "kernel", "us",
@@ -468,19 +476,20 @@ int main(int argc, char** argv) {
                        keel::cuda::linear_pairs_scratch(pairs, kExperts) * sizeof(int32_t)));
       check(cudaMemcpy(x, xs.data(), xs.size() * sizeof(float), cudaMemcpyHostToDevice));
       check(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      const auto row = [&](const char* name, Pairs* run) {
+      const auto row = [&](const Form& form) {
         int64_t next = 0;
         const double s = seconds(
             [&] {
-              run(dtable, kExperts, table[0], dids + next++ % sets * pairs, pairs, kPerToken, x, y, scratch, nullptr);
+              form.run(dtable, kExperts, table[0], dids + next++ % sets * pairs, pairs, kPerToken, x, y, scratch,
+                       nullptr, form.ids);
             },
             iters);
         check(cudaDeviceSynchronize());
         const double bw = double(distinct) * table[0].bytes / s;
-        fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10.1f} {:>10.0f} {:>7.1f}%\n", tokens, pairs, distinct, name, s * 1e6,
-                   bw / 1e9, 100 * bw / copy_bw);
+        fmt::print("{:>7} {:>7} {:>8} {:>6} {:>10.1f} {:>10.0f} {:>7.1f}%\n", tokens, pairs, distinct, form.name,
+                   s * 1e6, bw / 1e9, 100 * bw / copy_bw);
       };
-      for (const auto& [name, run] : forms) row(name, run);
+      for (const Form& form : forms) row(form);
       for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(dids),
                       static_cast<void*>(scratch)})
         cudaFree(p);

@@ -279,7 +279,8 @@ struct Expert {
 // expert ids, per_row pairs per row of random x, scratch and outputs poisoned. Each
 // pair's row: zeros for -1 and for an entry without data; otherwise within the
 // tolerance of the CPU reference (its expert over the x rows of its pairs) and, bit
-// for bit, what linear_mma gives its expert on its x row alone. `worst` keeps the
+// for bit, what linear_mma gives its expert on its x row alone. The call with the ids
+// settled (read before the wait where ungrouped) gives the same bits. `worst` keeps the
 // largest error ratio.
 void check_pairs(const char* name, const std::vector<Expert>& experts, const std::vector<int32_t>& ids, int per_row,
                  uint32_t seed, double& worst) {
@@ -298,6 +299,13 @@ void check_pairs(const char* name, const std::vector<Expert>& experts, const std
   ASSERT_TRUE(linear_mma_takes(like, dx)) << name << " " << out << "x" << in;
   linear_pairs_mma(dtable, n_table, like, dids, pairs, per_row, dx, dy, scratch);
   const std::vector<float> got = host_copy(dy, pairs * out);
+  {  // settled ids: one token's pairs read them before the wait, with the same bits
+    float* early = device_poisoned(pairs * out);
+    linear_pairs_mma(dtable, n_table, like, dids, pairs, per_row, dx, early, scratch, nullptr, ExpertIds::settled);
+    ASSERT_EQ(std::memcmp(host_copy(early, pairs * out).data(), got.data(), got.size() * sizeof(float)), 0)
+        << name << " " << out << "x" << in << ", " << pairs << " pairs: settled ids give other bits";
+    cudaFree(early);
+  }
 
   std::vector<float> want(pairs * out);
   std::vector<double> scale(pairs * out);

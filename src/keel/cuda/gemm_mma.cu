@@ -853,21 +853,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 // alone. Each expert's shape and encoding are like's; its pointers, first row and
 // global scale come from its table entry. kStaged: the staged tile (grouped only);
 // kSplitX: the split warps' tile with x split in dynamic shared memory.
+//
+// The experts come from the routing or the call's inputs, the groups from group_pairs:
+// a block waits for the kernel before it first, unless `settled` (ExpertIds::settled,
+// ungrouped): then it reads its expert from L2 (its writer has finished, but this block
+// may have started before the kernel before it did: nothing older than L2 is trusted)
+// and mma_tile asks for the expert's first weights before it waits.
 template <WeightFormat F, int R, int C, bool kGrouped, bool kStaged = false, bool kSplitX = false>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_pairs(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second_table, DeviceWeight like,
               const int32_t* __restrict__ experts, const int32_t* __restrict__ order,
               const PairGroup* __restrict__ groups, const int32_t* __restrict__ group_count, int per_row,
-              const float* __restrict__ x, float* __restrict__ y, float* __restrict__ second_y, int split) {
-  wait_for_inputs();  // the experts come from the routing
-  let_next_start();
+              const float* __restrict__ x, float* __restrict__ y, float* __restrict__ second_y, int split,
+              bool settled) {
+  const bool early = !kGrouped && settled;
+  if (!early) {
+    wait_for_inputs();
+    let_next_start();
+  }
   if (blockIdx.z == 1) table = second_table, y = second_y;
   PairGroup group;
   if constexpr (kGrouped) {
     if (static_cast<int>(blockIdx.y) >= *group_count) return;
     group = groups[blockIdx.y];
   } else {
-    group = {experts[blockIdx.y], static_cast<int32_t>(blockIdx.y), 1};
+    group = {early ? __ldcg(experts + blockIdx.y) : experts[blockIdx.y], static_cast<int32_t>(blockIdx.y), 1};
   }
   const Pairs<kGrouped> cols{kGrouped ? order + group.first : nullptr, group.first, x, y, like.in, like.out, per_row,
                             group.count};
@@ -878,6 +888,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tiles = static_cast<int>((row_blocks - blockIdx.x + gridDim.x - 1) / gridDim.x);
   const DeviceWeight* e = group.expert < 0 ? nullptr : table + group.expert;
   if (e == nullptr || e->data == nullptr) {
+    wait_for_inputs();  // before y is written (already past it unless early)
+    let_next_start();
     for (int64_t b = blockIdx.x; b < row_blocks; b += gridDim.x) {
       const int64_t first = b * rows;
       const int n = static_cast<int>(min(rows, like.out - first));
@@ -1127,7 +1139,7 @@ struct Tables {
 // (and one of the unrouted).
 template <WeightFormat F, int R, int C, bool kGrouped>
 void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
-                  int per_row, const float* x, int32_t* scratch, cudaStream_t stream) {
+                  int per_row, const float* x, int32_t* scratch, bool settled, cudaStream_t stream) {
   constexpr int kTile = 8 * C;
   int32_t *order = nullptr, *count = nullptr;
   PairGroup* groups = nullptr;
@@ -1158,7 +1170,7 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
     if (staged) {
       return overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, true, true>, grid, kThreads, 0, stream,
                                t.first, t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y,
-                               split);
+                               split, settled);
     }
   } else if (const int64_t x_bytes = split_x_bytes<F>(like.in, kGrouped ? std::min<int64_t>(pairs, kTile) : 1);
              x_bytes > 0) {  // a group's pairs (at most 8, one ungrouped), each with its row of x
@@ -1166,30 +1178,30 @@ void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const 
     const size_t shared = kRingBytes<R> + x_bytes;
     return overlapped_launch("linear_pairs_mma launch", kernel, fitted.template operator()<kernel>(shared), kThreads,
                              shared, stream, t.first, t.second, like, experts, order, groups, count, per_row, x, t.y,
-                             t.second_y, split);
+                             t.second_y, split, settled);
   }
   if constexpr (C == 1) {
     constexpr auto kernel = mma_pairs<F, R, C, kGrouped>;
     return overlapped_launch("linear_pairs_mma launch", kernel, fitted.template operator()<kernel>(kRingBytes<R>),
                              kThreads, kRingBytes<R>, stream, t.first, t.second, like, experts, order, groups, count,
-                             per_row, x, t.y, t.second_y, split);
+                             per_row, x, t.y, t.second_y, split, settled);
   }
   overlapped_launch("linear_pairs_mma launch", mma_pairs<F, R, C, kGrouped>, grid, kThreads, 0, stream, t.first,
-                    t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split);
+                    t.second, like, experts, order, groups, count, per_row, x, t.y, t.second_y, split, settled);
 }
 
 // The tile as linear_mma picks it by tokens per call, here by pairs per table entry on
 // average: batched decode's few take 8 columns, prefill's many the larger tile.
 template <WeightFormat F>
 void launch_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
-                  int per_row, const float* x, int32_t* scratch, cudaStream_t stream) {
+                  int per_row, const float* x, int32_t* scratch, bool settled, cudaStream_t stream) {
   if (pairs <= kUngrouped) {
-    launch_pairs<F, 2, 1, false>(t, n_table, like, experts, pairs, per_row, x, scratch, stream);
+    launch_pairs<F, 2, 1, false>(t, n_table, like, experts, pairs, per_row, x, scratch, settled, stream);
   } else if (pairs <= int64_t{kFewTokens} * n_table) {
-    launch_pairs<F, 2, 1, true>(t, n_table, like, experts, pairs, per_row, x, scratch, stream);
+    launch_pairs<F, 2, 1, true>(t, n_table, like, experts, pairs, per_row, x, scratch, settled, stream);
   } else {
     launch_pairs<F, kFp4<F> ? 1 : 2, kFp4<F> ? 4 : 2, true>(t, n_table, like, experts, pairs, per_row, x, scratch,
-                                                           stream);
+                                                           settled, stream);
   }
 }
 
@@ -1267,9 +1279,12 @@ bool pairs_take(const DeviceWeight& like, const float* x, int n_table) {
 }
 
 void run_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int32_t* experts, int64_t pairs,
-               int per_row, const float* x, int32_t* scratch, void* stream_ptr) {
+               int per_row, const float* x, int32_t* scratch, void* stream_ptr, ExpertIds ids) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const auto run = [&]<WeightFormat F>() { launch_pairs<F>(t, n_table, like, experts, pairs, per_row, x, scratch, stream); };
+  const bool settled = ids == ExpertIds::settled;
+  const auto run = [&]<WeightFormat F>() {
+    launch_pairs<F>(t, n_table, like, experts, pairs, per_row, x, scratch, settled, stream);
+  };
   switch (like.format) {
     case WeightFormat::bf16: return run.template operator()<WeightFormat::bf16>();
     case WeightFormat::fp8_block: return run.template operator()<WeightFormat::fp8_block>();
@@ -1282,12 +1297,13 @@ void run_pairs(const Tables& t, int n_table, const DeviceWeight& like, const int
 }  // namespace
 
 void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
-                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream_ptr) {
+                      int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream_ptr,
+                      ExpertIds ids) {
   if (pairs <= 0) return;
   if (!pairs_take(like, x, n_table)) {
-    return linear_pairs(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
+    return linear_pairs(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr, ids);
   }
-  run_pairs({table, nullptr, y, nullptr}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr);
+  run_pairs({table, nullptr, y, nullptr}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr, ids);
 }
 
 void linear_pairs_mma_two(const DeviceWeight* table, const DeviceWeight* second_table, int n_table,
@@ -1298,7 +1314,8 @@ void linear_pairs_mma_two(const DeviceWeight* table, const DeviceWeight* second_
     linear_pairs_mma(table, n_table, like, experts, pairs, per_row, x, y, scratch, stream_ptr);
     return linear_pairs_mma(second_table, n_table, like, experts, pairs, per_row, x, second_y, scratch, stream_ptr);
   }
-  run_pairs({table, second_table, y, second_y}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr);
+  run_pairs({table, second_table, y, second_y}, n_table, like, experts, pairs, per_row, x, scratch, stream_ptr,
+            ExpertIds::just_written);
 }
 
 void register_gemm_mma(Registry& registry) {

@@ -84,10 +84,13 @@ void linear_mma_expand(const DeviceWeight& w, const float* x, int64_t tokens, co
 // at whole rows, are). When linear_mma would not take `like` on the tensor cores (see
 // linear_mma_takes), or n_table is not in 1..kMaxGroupedExperts, the pairs go to
 // linear_pairs, the CUDA-core GEMV pair form, with its numerics (what linear_mma then
-// gives too). pairs ≤ 65535, as for linear_pairs.
+// gives too). pairs ≤ 65535, as for linear_pairs. With settled `ids` (linear_pairs'
+// ExpertIds) one token's pairs, ungrouped, read their experts and ask for their first
+// weights before they wait for the kernel before; grouped pairs wait first, as the
+// grouping is the kernel before them.
 void linear_pairs_mma(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
                       int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch,
-                      void* stream = nullptr);
+                      void* stream = nullptr, ExpertIds ids = ExpertIds::just_written);
 
 // linear_pairs_mma over two tables of the same shape and encoding (an expert's gate and
 // up projections) for the same pairs and x, into y and second_y: one launch, the pairs

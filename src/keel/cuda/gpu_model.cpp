@@ -1010,11 +1010,12 @@ const float* attention_output(const Step& s, const GpuModel::Layer& L) {
   if (planned == &cuda::linear || planned == &cuda::linear_mma) {
     // The planned kernel's pair form, one launch: pair t·G + g is row t·G + g of o seen
     // as [S·G, group_in] through group g's rows (ws.group_ids, uploaded with the call's
-    // inputs), into row t·G + g of u seen as [S·G, r].
+    // inputs: settled, so that one token's wo_a asks for its weights while the inverse
+    // rope runs), into row t·G + g of u seen as [S·G, r].
     ws.pair_scratch.resize(static_cast<size_t>(linear_pairs_scratch(S * G, static_cast<int>(G))));
     const auto pairs_form = planned == &cuda::linear ? &linear_pairs : &linear_pairs_mma;
     pairs_form(L.wo_a_groups.data(), static_cast<int>(G), L.wo_a_group0, ws.group_ids.data(), S * G, 1, o, u,
-               ws.pair_scratch.data(), s.stream);
+               ws.pair_scratch.data(), s.stream, ExpertIds::settled);
   } else {
     float* gin = grow(ws.group_in, S * group_in);
     float* gout = grow(ws.group_out, S * r);
@@ -1099,11 +1100,11 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
     float* up = grow(ws.up, pairs * I);
     ws.pair_scratch.resize(static_cast<size_t>(linear_pairs_scratch(pairs, static_cast<int>(L.w1s.size()))));
     const auto pairs_through = [&](const DeviceBuffer<DeviceWeight>& table, const DeviceLinear& like, int per_row,
-                                   const float* in, float* result) {
+                                   const float* in, float* result, cuda::ExpertIds ids) {
       auto* kernel = s.k.experts[static_cast<size_t>(like.planned)];
       if (!kernel) fail(ErrorCode::kernel_plan, {}, "no GPU kernel was planned for the routed experts' format");
       kernel(table.data(), static_cast<int>(table.size()), like.w, ws.route_experts.data(), pairs, per_row, in, result,
-             ws.pair_scratch.data(), s.stream);
+             ws.pair_scratch.data(), s.stream, ids);
     };
     const DeviceWeight &w1 = L.like.w1.w, &w3 = L.like.w3.w;
     const bool alike = L.like.w1.planned == L.like.w3.planned && w1.format == w3.format && w1.dtype == w3.dtype &&
@@ -1114,12 +1115,14 @@ MoeOutput moe(const Step& s, const GpuModel::Layer& L, const float* x) {
                            ws.route_experts.data(), pairs, static_cast<int>(k), x, g, up, ws.pair_scratch.data(),
                            s.stream);
     } else {
-      pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g);
-      pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up);
+      pairs_through(L.w1s, L.like.w1, static_cast<int>(k), x, g, ExpertIds::just_written);
+      pairs_through(L.w3s, L.like.w3, static_cast<int>(k), x, up, ExpertIds::just_written);
     }
     swiglus.push_back({g, up, pairs * I});
     swiglu_limit(s, swiglus);
-    pairs_through(L.w2s, L.like.w2, 1, g, y);
+    // The routing is two kernels back (the gate and up projections, then the SwiGLU):
+    // one token's w2 asks for its experts' weights while the SwiGLU runs.
+    pairs_through(L.w2s, L.like.w2, 1, g, y, ExpertIds::settled);
   } else {
     check_api(cudaMemsetAsync(y, 0, pairs * D * kF, s.stream), "cudaMemsetAsync");
     swiglu_limit(s, swiglus);

@@ -378,7 +378,8 @@ void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, voi
 }
 
 void linear_pairs(const DeviceWeight* table, int /*n_table*/, const DeviceWeight& like, const int32_t* experts,
-                  int64_t pairs, int per_row, const float* x, float* y, int32_t* /*scratch*/, void* stream_ptr) {
+                  int64_t pairs, int per_row, const float* x, float* y, int32_t* /*scratch*/, void* stream_ptr,
+                  ExpertIds /*ids*/) {
   if (pairs <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   dispatch(like, "cuda::linear_pairs", [&]<WeightFormat F, DType T>() {

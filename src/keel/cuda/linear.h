@@ -46,8 +46,21 @@ void linear(const DeviceWeight& w, const float* x, float* y, int64_t tokens, voi
 // memory of linear_pairs_scratch(pairs, n_table) int32s for the forms that group the
 // pairs first (cuda/gemm_mma.h's linear_pairs_mma, the other moe_gemm kernel, same
 // signature); this one ignores it and n_table.
+//
+// `ids` says when the expert ids were written. A kernel started early by programmatic
+// dependent launch (cuda/launch.cuh) may read settled ids, and the weights they name,
+// while the kernel before it still runs; ids the kernel just before wrote it must wait
+// for. This form starts after the kernel before it ends either way.
+enum class ExpertIds {
+  just_written,  // by the kernel just before, or not known
+  // Finished before the kernel just before started: a call's uploaded inputs, or the
+  // routing with the gate and up projections between (they wait for it before they let
+  // the next kernel start).
+  settled,
+};
 void linear_pairs(const DeviceWeight* table, int n_table, const DeviceWeight& like, const int32_t* experts,
-                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream = nullptr);
+                  int64_t pairs, int per_row, const float* x, float* y, int32_t* scratch, void* stream = nullptr,
+                  ExpertIds ids = ExpertIds::just_written);
 
 // The int32s of scratch the pair forms (this one and linear_pairs_mma) need for
 // `pairs` pairs over n_table experts: the most either takes (linear_pairs_mma's, 4 per
