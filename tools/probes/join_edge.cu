@@ -4,24 +4,34 @@
 // copied by a plain kernel on the side stream, joined just before the attention, while
 // norm-and-RoPE runs on the stream itself. Were the join's edge a full dependency, the
 // lists would be finished and visible when the attention starts, and it could read them
-// before griddepcontrol.wait (as the pair products read settled expert ids,
-// docs/pending's E); were it programmatic, they would not.
+// before griddepcontrol.wait (as the pair products read settled expert ids); were it
+// programmatic, they would not.
 //
 // It captures that shape (norm_rope-like and attention-like kernels with the
 // programmatic attribute on the stream, a plain copy-like kernel on the side stream,
 // the join between) and prints every edge of the graph with its type. Then it replays
 // the graph with the side kernel slow (it spins, then writes a flag) and reports what the
-// attention-like kernel saw of the flag before its wait and after it, in two forms: the
-// side kernel letting dependents start at once, and not at all (as keel's copy kernel);
-// then the same launches on the streams, uncaptured. Where the side kernel lets
+// attention-like kernel saw of the flag before its wait and after it, and whether it
+// started while the stream's kernel still ran (the overlap the attribute is for): with
+// the side kernel letting dependents start at once, and not at all (as keel's copy
+// kernel); then the same launches on the streams, uncaptured. Where the side kernel lets
 // dependents start at once, an unset flag before the wait means the join's edge was
 // programmatic.
+//
+// A last form sets the edges by hand while capturing: after the join, the stream's
+// capture dependencies are replaced by the same nodes with a programmatic edge from the
+// stream's kernel and a full one from the side kernel, and the attention-like kernel
+// is launched without the attribute (which would make every edge programmatic). Its
+// edges and counts say whether such a graph keeps the stream's overlap and settles the
+// side kernel's writes (docs/pending/README.md, C).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o join_edge join_edge.cu
 //   ./join_edge
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "check.cuh"
@@ -39,17 +49,42 @@ __global__ void side_copy(int* flag, bool early) {
   *flag = 1;
 }
 
-// norm-and-RoPE's place: a kernel that lets the next start at once, then waits.
-__global__ void before() {
+// norm-and-RoPE's place: a kernel that lets the next start at once, waits, then takes
+// 20 us before it sets its mark.
+__global__ void before(int* mark) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  spin_ns(20'000);
+  *mark = 1;
 }
 
-// The attention's place: the flag from L2 before the wait, and after it.
-__global__ void after(const int* flag, int* seen) {
+// The attention's place: the flag from L2 before the wait, and after it; and the stream
+// kernel's mark before the wait (unset: it started while the stream kernel ran).
+__global__ void after(const int* flag, const int* mark, int* seen) {
   seen[0] = __ldcg(flag);
+  seen[2] = __ldcg(mark);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   seen[1] = __ldcg(flag);
+}
+
+// The nodes the next node captured on `stream` will depend on.
+std::vector<cudaGraphNode_t> captured_dependencies(cudaStream_t stream) {
+  cudaStreamCaptureStatus status;
+  const cudaGraphNode_t* nodes = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t count = 0;
+  CK(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &nodes, &edges, &count));
+  return {nodes, nodes + count};
+}
+
+// The node just captured on `stream` (its only dependency for the next node).
+cudaGraphNode_t last_captured(cudaStream_t stream) {
+  const std::vector<cudaGraphNode_t> nodes = captured_dependencies(stream);
+  if (nodes.size() != 1) {
+    std::printf("expected one capture dependency, found %zu\n", nodes.size());
+    std::exit(1);
+  }
+  return nodes[0];
 }
 
 template <typename... Args>
@@ -73,44 +108,63 @@ int main() {
   cudaEvent_t fork, join;
   CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  int *flag, *seen;
+  int *flag, *mark, *seen;
   CK(cudaMalloc(&flag, sizeof(int)));
-  CK(cudaMalloc(&seen, 2 * sizeof(int)));
+  CK(cudaMalloc(&mark, sizeof(int)));
+  CK(cudaMalloc(&seen, 3 * sizeof(int)));
 
   // keel's shape: the flag cleared, the side kernel forked off, the stream's kernel, the
   // join, the attention-like kernel.
-  const auto enqueue = [&](bool early) {
+  // by_hand (capturing only): the join's edges set as the third form above says.
+  const auto enqueue = [&](bool early, bool by_hand = false) {
     CK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
+    CK(cudaMemsetAsync(mark, 0, sizeof(int), stream));
     CK(cudaEventRecord(fork, stream));
     CK(cudaStreamWaitEvent(side, fork));
     side_copy<<<1, 32, 0, side>>>(flag, early);
     CK(cudaGetLastError());
-    launch_overlapped(before, stream);
+    launch_overlapped(before, stream, mark);
+    cudaGraphNode_t before_node = nullptr;
+    if (by_hand) before_node = last_captured(stream);
     CK(cudaEventRecord(join, side));
     CK(cudaStreamWaitEvent(stream, join));
-    launch_overlapped(after, stream, static_cast<const int*>(flag), seen);
+    if (!by_hand) return launch_overlapped(after, stream, static_cast<const int*>(flag), static_cast<const int*>(mark), seen);
+    std::vector<cudaGraphNode_t> nodes = captured_dependencies(stream);
+    std::vector<cudaGraphEdgeData> edges(nodes.size());  // zeroed: full edges
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i] != before_node) continue;
+      edges[i].type = cudaGraphDependencyTypeProgrammatic;
+      edges[i].from_port = cudaGraphKernelNodePortProgrammatic;
+    }
+    CK(cudaStreamUpdateCaptureDependencies(stream, nodes.data(), edges.data(), nodes.size(),
+                                           cudaStreamSetCaptureDependencies));
+    after<<<1, 32, 0, stream>>>(flag, mark, seen);
+    CK(cudaGetLastError());
   };
   // Runs `run` kRuns times, each waited for, and prints how often the flag was unset
-  // before and after the wait.
+  // before and after the wait, and how often the stream kernel's mark was (an overlap).
   const auto count_unset = [&](const char* how, const auto& run) {
     constexpr int kRuns = 20;
-    int zeros_before = 0, zeros_after = 0;
+    int zeros_before = 0, zeros_after = 0, overlapped = 0;
     for (int r = 0; r < kRuns; ++r) {
       run();
-      int host[2];
+      int host[3];
       CK(cudaMemcpyAsync(host, seen, sizeof(host), cudaMemcpyDeviceToHost, stream));
       CK(cudaStreamSynchronize(stream));
       zeros_before += host[0] == 0;
       zeros_after += host[1] == 0;
+      overlapped += host[2] == 0;
     }
-    std::printf("  %s: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it\n",
-                how, zeros_before, kRuns, zeros_after);
+    std::printf("  %s: the attention-like kernel saw the flag unset in %d of %d runs before its wait, %d after it; "
+                "it started while the stream kernel ran in %d\n",
+                how, zeros_before, kRuns, zeros_after, overlapped);
   };
 
-  for (const bool early : {false, true}) {
+  for (const std::pair<bool, bool> form : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    const bool early = form.first, by_hand = form.second;
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    enqueue(early);
+    enqueue(early, by_hand);
     CK(cudaStreamEndCapture(stream, &graph));
 
     size_t count = 0;
@@ -126,8 +180,9 @@ int main() {
       nodes.push_back(n);
       return static_cast<int>(nodes.size() - 1);
     };
-    std::printf("side kernel %s: %zu edges (node: type)\n", early ? "lets dependents start at once" : "never lets them",
-                count);
+    std::printf("side kernel %s, edges %s: %zu edges (node: type)\n",
+                early ? "lets dependents start at once" : "never lets them",
+                by_hand ? "set by hand" : "from the launch attribute", count);
     for (size_t i = 0; i < count; ++i) {
       cudaGraphNodeType a, b;
       CK(cudaGraphNodeGetType(from[i], &a));
@@ -144,7 +199,7 @@ int main() {
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
     // The same launches on the streams, not captured (keel's eager steps and prefill).
-    count_unset("streams", [&] { enqueue(early); });
+    if (!by_hand) count_unset("streams", [&] { enqueue(early); });
   }
   std::printf("A full edge from the side kernel (type 0, port 0) means the lists are settled at the attention's "
               "start.\n");
