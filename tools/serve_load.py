@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The serving engine's throughput under concurrent load, its steps read one by one and
-pipelined (`keel serve --pipeline`), side by side on one machine.
+pipelined (`keel serve`, the default, against `--no-pipeline`), side by side on one machine.
 
     python3 tools/serve_load.py --keel build/keel --model DIR [--device cuda] \\
         [--clients 8,64] [--requests 2] [--max-tokens 64] [--rounds 2] [-- SERVE_ARGS]
@@ -30,7 +30,7 @@ from pathlib import Path
 
 def start_server(keel, model, device, pipelined, extra):
     cmd = [keel, "serve", "--model", model, "--device", device, "--port", "0", "--quiet",
-           "--max-running", "64"] + (["--pipeline"] if pipelined else []) + extra
+           "--max-running", "64"] + ([] if pipelined else ["--no-pipeline"]) + extra
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     name = None
     for line in server.stdout:  # "serving DIR as 'NAME'", then "listening on http://HOST:PORT"

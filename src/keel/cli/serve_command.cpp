@@ -129,9 +129,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--prefix-block", o->limits.prefix_block, "Prompt prefixes are cached at multiples of this")
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "Per-request timeout in seconds")->capture_default_str();
-  cmd->add_flag("--pipeline", o->limits.pipelined,
+  cmd->add_flag("--pipeline,!--no-pipeline", o->limits.pipelined,
                 "Begin a decode step whose tokens the device can pick (greedy or whole-row sampling) before the step "
-                "before is read (vLLM's async scheduling; the same tokens)");
+                "before is read (vLLM's async scheduling; the same tokens). On by default; --no-pipeline reads each "
+                "step before the next begins");
   cmd->add_flag("--quiet,-q", o->quiet, "No loading progress");
   add_kernel_options(cmd, o->kernels);
   cmd->callback([o] { serve_main(*o); });
