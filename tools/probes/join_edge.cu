@@ -1,11 +1,14 @@
 // Probe: when a kernel launched with programmatic dependent launch is captured after a
 // join of another stream (cudaStreamWaitEvent), which of its graph edges are
-// programmatic? keel's decode attention runs after such a join: the staged key lists are
-// copied by a plain kernel on the side stream, joined just before the attention, while
-// norm-and-RoPE runs on the stream itself. Were the join's edge a full dependency, the
-// lists would be finished and visible when the attention starts, and it could read them
-// before griddepcontrol.wait (as the pair products read settled expert ids); were it
-// programmatic, they would not.
+// programmatic? keel's decode attention can run after such a join: the staged key lists
+// are copied by a plain kernel on the side stream, joined just before the attention,
+// while norm-and-RoPE runs on the stream itself. Were the join's edge a full dependency,
+// the lists would be finished and visible when the attention starts, and it could read
+// them before griddepcontrol.wait (as the pair products read settled expert ids); were
+// it programmatic, they would not. (keel makes this shape only on the streams: a decode
+// graph's piece is flushed before its capture. On an H100 the captured edge printed as
+// programmatic, and on the streams the later kernel never saw the write unfinished:
+// docs/perf.md, 2026-12-07.)
 //
 // It captures that shape (norm_rope-like and attention-like kernels with the
 // programmatic attribute on the stream, a plain copy-like kernel on the side stream,
