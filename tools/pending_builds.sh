@@ -7,10 +7,10 @@
 #
 # NAME is "main" (HEAD as it is) or patch letters joined by "+": "S" is HEAD with
 # docs/pending/S-*.patch, "S+B+R" with those three applied in turn. Without names: main
-# and each patch alone, or after the one its message names in a "Depends-on: L" line
-# ("M+N"). --tests adds keel_gpu_tests and keel_gpu_bench to each build
-# (about 3 and 2 MB more each, compressed, where keel is about 3). --out defaults to
-# build-carry, --archs to 90a (KEEL_CUDA_ARCHS).
+# and each patch alone, or after those its message names in a "Depends-on: L" line
+# ("M+N"; "Depends-on: K+I" makes "K+I+Z"). --tests adds keel_gpu_tests and
+# keel_gpu_bench to each build (about 3 and 2 MB more each, compressed, where keel is
+# about 3). --out defaults to build-carry, --archs to 90a (KEEL_CUDA_ARCHS).
 #
 # The builds share one worktree (build-pending/tree, at HEAD) and one build directory
 # (build-pending/build): after the first (keel alone: about 3 minutes on two cores), a
@@ -42,7 +42,7 @@ if ((${#names[@]} == 0)); then
   for patch in "$root"/docs/pending/?-*.patch; do
     [[ -e $patch ]] || continue  # none pending: main alone
     name=$(basename "$patch")
-    depends=$(sed -n 's/^Depends-on: \([A-Z]\)$/\1+/p' "$patch")
+    depends=$(sed -n 's/^Depends-on: \([A-Z][A-Z+]*\)$/\1+/p' "$patch")
     names+=("$depends${name%%-*}")
   done
 fi
